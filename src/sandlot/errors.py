@@ -1,0 +1,96 @@
+"""sandlot's error tree, shared by core, server and SDK.
+
+    SandlotError
+    ├── InvalidArgumentError   400  bad input: caller's fault, retrying won't help
+    ├── AuthenticationError    401  missing or wrong API key
+    ├── NotFoundError          404  unknown sandbox, snapshot, template, process or path
+    ├── ConflictError          409  a name already taken
+    ├── InvalidStateError      409  the object is not in a state that allows the call
+    ├── CommandTimeoutError    504  a command ran past its timeout and was killed
+    ├── SandboxError           502  the sandbox failed (guest agent or VMM)
+    │   ├── GuestError              the in-guest agent failed or went away
+    │   └── VmmError                QEMU failed to start, load or answer
+    ├── StorageError           500  snapshot data missing, corrupt, or not writable
+    └── BuildError             500  a template build step failed
+
+The server maps errors to HTTP by `status` in one handler and sends ``{"error": {"type", "message"}}``;
+the SDK raises the class named by ``type``.
+"""
+
+from __future__ import annotations
+
+
+class SandlotError(Exception):
+    """Root of every error sandlot raises."""
+
+    status: int = 500
+
+    def __init__(self, message: str = "", *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if cause is not None:
+            self.__cause__ = cause
+
+
+class InvalidArgumentError(SandlotError):
+    status = 400
+
+
+class AuthenticationError(SandlotError):
+    status = 401
+
+
+class NotFoundError(SandlotError):
+    status = 404
+
+
+class ConflictError(SandlotError):
+    status = 409
+
+
+class InvalidStateError(SandlotError):
+    """An object is in `current` state, but the call needs one of `allowed`."""
+
+    status = 409
+
+    def __init__(self, message: str = "", *, current: str | None = None,
+                 allowed: tuple[str, ...] = ()) -> None:
+        if not message and current is not None:
+            message = f"state is {current}; this needs {' or '.join(allowed)}"
+        super().__init__(message)
+        self.current = current
+        self.allowed = allowed
+
+
+class CommandTimeoutError(SandlotError):
+    status = 504
+
+
+class SandboxError(SandlotError):
+    status = 502
+
+
+class GuestError(SandboxError):
+    pass
+
+
+class VmmError(SandboxError):
+    pass
+
+
+class StorageError(SandlotError):
+    status = 500
+
+
+class BuildError(SandlotError):
+    status = 500
+
+
+ERRORS: dict[str, type[SandlotError]] = {
+    cls.__name__: cls
+    for cls in (
+        SandlotError, InvalidArgumentError, AuthenticationError, NotFoundError, ConflictError,
+        InvalidStateError, CommandTimeoutError, SandboxError, GuestError, VmmError,
+        StorageError, BuildError,
+    )
+}

@@ -1,0 +1,590 @@
+"""sandlot guest agent: runs inside the VM (stdlib only) and serves the host over virtio-serial.
+
+See docs/guest-protocol.md. One host session at a time; a new ``hello`` starts a new session
+(the old one's subscriptions and open uploads are dropped; processes keep running and keep
+buffering their output, so a new session can ``attach`` to them).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import fcntl
+import glob
+import grp
+import os
+import pwd
+import shutil
+import signal
+import stat as statmod
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode  # noqa: E402
+
+PORT_NAME = "org.sandlot.agent"
+CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus"]
+# Why: output of a process nobody listens to (background, or host away) is kept for a later
+# attach, but never more than this per process; the oldest chunks are dropped first.
+MAX_BUFFERED_OUTPUT = 8 << 20
+MAX_FINISHED = 256
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUN_DIR = "/run/sandlot"
+
+RNDADDENTROPY = 0x40085203
+RNDRESEEDCRNG = 0x5207
+
+
+class AgentError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def find_port() -> str:
+    for name_file in glob.glob("/sys/class/virtio-ports/*/name"):
+        with open(name_file) as f:
+            if f.read().strip() == PORT_NAME:
+                return "/dev/" + os.path.basename(os.path.dirname(name_file))
+    raise RuntimeError("agent port not found")
+
+
+class Channel:
+    """The virtio-serial port: blocking writes under a lock, reads in the main loop."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR)
+        self._lock = threading.Lock()
+
+    def send(self, header: dict, payload: bytes = b"") -> None:
+        data = memoryview(encode(header, payload))
+        with self._lock:
+            while data:
+                try:
+                    n = os.write(self.fd, data)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    time.sleep(0.005)  # host away: wait for it to come back
+                    continue
+                data = data[n:]
+
+
+class Proc:
+    """A process started by exec, with its buffered output and its subscribers."""
+
+    def __init__(self, agent: "Agent", popen: subprocess.Popen, cmd: str, user: str) -> None:
+        self.agent = agent
+        self.popen = popen
+        self.pid = popen.pid
+        self.cmd = cmd
+        self.user = user
+        self.started = time.time()
+        self.chunks: list[tuple[str, bytes]] = []
+        self.buffered = 0
+        self.truncated = False
+        self.exit_code: int | None = None
+        self.timed_out = False
+        self.done = False
+        self.subscribers: set[int] = set()
+        self.lock = threading.Lock()
+
+    def emit(self, stream: str, data: bytes) -> None:
+        with self.lock:
+            self.chunks.append((stream, data))
+            self.buffered += len(data)
+            while self.buffered > MAX_BUFFERED_OUTPUT and self.chunks:
+                self.buffered -= len(self.chunks.pop(0)[1])
+                self.truncated = True
+            subs = list(self.subscribers)
+        for rid in subs:
+            self.agent.chan.send({"id": rid, "event": stream}, data)
+
+    def finish(self, exit_code: int) -> None:
+        with self.lock:
+            self.exit_code = exit_code
+            self.done = True
+            subs = list(self.subscribers)
+            self.subscribers.clear()
+        for rid in subs:
+            self.agent.chan.send({"id": rid, "event": "exit", **self.result()})
+
+    def result(self) -> dict:
+        return {"exit_code": self.exit_code, "timed_out": self.timed_out, "pid": self.pid}
+
+    def subscribe(self, rid: int, replay: bool) -> None:
+        with self.lock:
+            chunks = list(self.chunks) if replay else []
+            done = self.done
+            if not done:
+                self.subscribers.add(rid)
+        for stream, data in chunks:
+            self.agent.chan.send({"id": rid, "event": stream}, data)
+        if done:
+            self.agent.chan.send({"id": rid, "event": "exit", **self.result()})
+
+    def info(self) -> dict:
+        return {
+            "pid": self.pid,
+            "cmd": self.cmd,
+            "user": self.user,
+            "running": not self.done,
+            "exit_code": self.exit_code,
+            "started_at": self.started,
+        }
+
+
+class Agent:
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.procs: dict[int, Proc] = {}
+        self.procs_lock = threading.Lock()
+        self.env: dict[str, str] = {}
+        self.generation = "0"
+        self.uploads: dict[int, tuple] = {}
+        self.handlers = {
+            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
+        }
+
+    # ---- dispatch -------------------------------------------------------------------------
+
+    def handle(self, header: dict, payload: bytes) -> None:
+        rid = header.get("id")
+        op = header.get("op")
+        if not isinstance(rid, int):
+            return
+        if rid in self.uploads and op in ("chunk", "end"):
+            self.upload_frame(rid, op, payload)
+            return
+        fn = self.handlers.get(op)
+        if fn is None:
+            self.reply_error(rid, "invalid", f"unknown op {op!r}")
+            return
+        if op in ("hello", "write", "ping"):
+            self.run(fn, rid, header, payload)
+        else:
+            threading.Thread(target=self.run, args=(fn, rid, header, payload), daemon=True).start()
+
+    def run(self, fn, rid: int, header: dict, payload: bytes) -> None:
+        try:
+            result = fn(rid, header, payload)
+        except AgentError as e:
+            self.reply_error(rid, e.kind, str(e))
+        except FileNotFoundError as e:
+            self.reply_error(rid, "not_found", f"{e.filename or ''}: no such file or directory")
+        except PermissionError as e:
+            self.reply_error(rid, "permission", f"{e.filename or ''}: permission denied")
+        except (IsADirectoryError, NotADirectoryError, FileExistsError, OSError) as e:
+            self.reply_error(rid, "invalid", f"{e.filename or ''}: {e.strerror or e}")
+        except Exception as e:  # noqa: BLE001 - the agent must survive anything a request does
+            self.reply_error(rid, "internal", f"{type(e).__name__}: {e}")
+        else:
+            if result is not None:
+                self.chan.send({"id": rid, "ok": True, **result})
+
+    def reply_error(self, rid: int, kind: str, message: str) -> None:
+        self.chan.send({"id": rid, "error": {"type": kind, "message": message[:4000]}})
+
+    # ---- session --------------------------------------------------------------------------
+
+    def op_hello(self, rid, h, _p):
+        with self.procs_lock:
+            for proc in self.procs.values():
+                with proc.lock:
+                    proc.subscribers.clear()
+        self.uploads.clear()
+        return {
+            "hello": {"proto": PROTO_VERSION, "caps": CAPS, "nonce": h.get("nonce")},
+            "generation": self.generation,
+        }
+
+    def op_ping(self, rid, h, _p):
+        return {"time_ns": time.time_ns()}
+
+    def op_configure(self, rid, h, _p):
+        """Set the clock, reseed the RNG, update the env and CPUs: sent after boot and restore."""
+        if "time_ns" in h:
+            time.clock_settime_ns(time.CLOCK_REALTIME, int(h["time_ns"]))
+        if h.get("entropy"):
+            reseed(base64.b64decode(h["entropy"]))
+        if "env" in h and isinstance(h["env"], dict):
+            self.env = {str(k): str(v) for k, v in h["env"].items()}
+        if h.get("generation") is not None:
+            self.generation = str(h["generation"])
+            os.makedirs(RUN_DIR, exist_ok=True)
+            with open(RUN_DIR + "/generation.tmp", "w") as f:
+                f.write(self.generation + "\n")
+            os.replace(RUN_DIR + "/generation.tmp", RUN_DIR + "/generation")
+        if h.get("online_cpus"):
+            online_cpus()
+        return {"time_ns": time.time_ns(), "cpus": os.cpu_count(), "mem_kb": mem_total_kb()}
+
+    # ---- processes ------------------------------------------------------------------------
+
+    def op_exec(self, rid, h, payload):
+        cmd = h.get("cmd")
+        if not isinstance(cmd, str) or not cmd:
+            raise AgentError("invalid", "cmd must be a non-empty string")
+        user = h.get("user") or "root"
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise AgentError("invalid", f"no such user: {user}") from None
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": pw.pw_dir,
+            "USER": pw.pw_name,
+            "LOGNAME": pw.pw_name,
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "SANDLOT_GENERATION": self.generation,
+        }
+        env.update(self.env)
+        env.update({str(k): str(v) for k, v in (h.get("env") or {}).items()})
+        cwd = h.get("cwd") or pw.pw_dir
+        if not os.path.isdir(cwd):
+            raise AgentError("invalid", f"cwd {cwd}: not a directory")
+        stdin_data = payload if h.get("stdin") else None
+        popen = subprocess.Popen(
+            ["/bin/bash", "-c", cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            user=pw.pw_uid,
+            group=pw.pw_gid,
+            extra_groups=[g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem],
+            start_new_session=True,
+            close_fds=True,
+        )
+        proc = Proc(self, popen, cmd, user)
+        with self.procs_lock:
+            self.procs[proc.pid] = proc
+            self.trim_finished()
+        if h.get("stream", True):
+            proc.subscribers.add(rid)
+        self.chan.send({"id": rid, "ok": True, "pid": proc.pid, "event": "start"})
+        readers = [
+            threading.Thread(target=pump, args=(popen.stdout, proc, "stdout"), daemon=True),
+            threading.Thread(target=pump, args=(popen.stderr, proc, "stderr"), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        if stdin_data is not None:
+            threading.Thread(target=feed_stdin, args=(popen, stdin_data, True), daemon=True).start()
+        elif not h.get("keep_stdin"):
+            popen.stdin.close()
+        timeout = h.get("timeout")
+        timer = None
+        if timeout:
+            timer = threading.Timer(float(timeout), self.expire, args=(proc,))
+            timer.daemon = True
+            timer.start()
+        code = popen.wait()
+        if timer:
+            timer.cancel()
+        for t in readers:
+            t.join(0.2)  # a backgrounded grandchild may hold the pipes open
+        proc.finish(code)
+        return None
+
+    def expire(self, proc: Proc) -> None:
+        proc.timed_out = True
+        kill_group(proc.pid, signal.SIGKILL)
+
+    def trim_finished(self) -> None:
+        finished = [p for p in self.procs.values() if p.done]
+        for p in finished[: max(0, len(finished) - MAX_FINISHED)]:
+            del self.procs[p.pid]
+
+    def get_proc(self, h) -> Proc:
+        with self.procs_lock:
+            proc = self.procs.get(h.get("pid"))
+        if proc is None:
+            raise AgentError("not_found", f"no process {h.get('pid')}")
+        return proc
+
+    def op_attach(self, rid, h, _p):
+        self.get_proc(h).subscribe(rid, replay=bool(h.get("replay", True)))
+        return None
+
+    def op_stdin(self, rid, h, payload):
+        proc = self.get_proc(h)
+        if proc.done:
+            raise AgentError("invalid", f"process {proc.pid} has exited")
+        feed_stdin(proc.popen, payload, bool(h.get("eof")))
+        return {}
+
+    def op_kill(self, rid, h, _p):
+        proc = self.get_proc(h)
+        sig = int(h.get("signal") or signal.SIGKILL)
+        if not proc.done:
+            kill_group(proc.pid, sig)
+        return {"killed": not proc.done}
+
+    def op_ps(self, rid, h, _p):
+        with self.procs_lock:
+            procs = [p.info() for p in self.procs.values()]
+        if not h.get("all"):
+            procs = [p for p in procs if p["running"]]
+        return {"processes": procs}
+
+    # ---- files ----------------------------------------------------------------------------
+
+    def op_read(self, rid, h, _p):
+        path = need_path(h)
+        if os.path.isdir(path):
+            raise AgentError("invalid", f"{path}: is a directory")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.chan.send({"id": rid, "event": "begin", "size": size})
+            while True:
+                chunk = f.read(CHUNK_SIZE)
+                if not chunk:
+                    break
+                self.chan.send({"id": rid, "event": "data"}, chunk)
+        return {"end": True}
+
+    def op_write(self, rid, h, payload):
+        path = need_path(h)
+        if os.path.isdir(path):
+            raise AgentError("invalid", f"{path}: is a directory")
+        owner = user_ids(h.get("user"))
+        make_dirs(os.path.dirname(path) or "/", owner)
+        tmp = f"{path}.sandlot-{rid}.tmp"
+        f = open(tmp, "wb")
+        if payload:
+            f.write(payload)
+        self.uploads[rid] = (f, tmp, path, owner, h.get("mode"))
+        if h.get("eof"):
+            self.upload_frame(rid, "end", b"")
+        return None
+
+    def upload_frame(self, rid: int, op: str, payload: bytes) -> None:
+        f, tmp, path, owner, mode = self.uploads[rid]
+        try:
+            if op == "chunk":
+                f.write(payload)
+                return
+            del self.uploads[rid]
+            f.close()
+            if mode is not None:
+                os.chmod(tmp, int(mode))
+            if owner:
+                os.chown(tmp, *owner)
+            os.replace(tmp, path)
+            self.chan.send({"id": rid, "ok": True, **entry(path)})
+        except OSError as e:
+            self.uploads.pop(rid, None)
+            f.close()
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            self.reply_error(rid, "invalid", f"{path}: {e.strerror or e}")
+
+    def op_list(self, rid, h, _p):
+        path = need_path(h)
+        depth = max(1, int(h.get("depth") or 1))
+        if not os.path.isdir(path):
+            if not os.path.exists(path):
+                raise FileNotFoundError(2, "not found", path)
+            raise AgentError("invalid", f"{path}: not a directory")
+        out = []
+        self._walk(path, depth, out)
+        return {"entries": out}
+
+    def _walk(self, path, depth, out):
+        try:
+            names = sorted(os.listdir(path))
+        except PermissionError:
+            return
+        for name in names:
+            full = os.path.join(path, name)
+            try:
+                e = entry(full)
+            except OSError:
+                continue
+            out.append(e)
+            if len(out) >= 100000:
+                raise AgentError("invalid", "listing too large")
+            if depth > 1 and e["type"] == "dir":
+                self._walk(full, depth - 1, out)
+
+    def op_stat(self, rid, h, _p):
+        return entry(need_path(h))
+
+    def op_exists(self, rid, h, _p):
+        return {"exists": os.path.lexists(need_path(h))}
+
+    def op_remove(self, rid, h, _p):
+        path = need_path(h)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        return {}
+
+    def op_mkdir(self, rid, h, _p):
+        path = need_path(h)
+        existed = os.path.isdir(path)
+        make_dirs(path, user_ids(h.get("user")))
+        return {"created": not existed, **entry(path)}
+
+    def op_rename(self, rid, h, _p):
+        src = need_path(h, "src")
+        dst = need_path(h, "dst")
+        os.rename(src, dst)
+        return entry(dst)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def pump(pipe, proc: Proc, stream: str) -> None:
+    fd = pipe.fileno()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        proc.emit(stream, data)
+    pipe.close()
+
+
+def feed_stdin(popen: subprocess.Popen, data: bytes, eof: bool) -> None:
+    try:
+        if data:
+            popen.stdin.write(data)
+            popen.stdin.flush()
+        if eof:
+            popen.stdin.close()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
+
+
+def kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def need_path(h: dict, key: str = "path") -> str:
+    path = h.get(key)
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise AgentError("invalid", f"{key} must be an absolute path")
+    return os.path.normpath(path)
+
+
+def user_ids(user) -> tuple[int, int] | None:
+    if not user or user == "root":
+        return None
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise AgentError("invalid", f"no such user: {user}") from None
+    return pw.pw_uid, pw.pw_gid
+
+
+def make_dirs(path: str, owner) -> None:
+    missing = []
+    p = path
+    while p and not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        os.mkdir(d)
+        if owner:
+            os.chown(d, *owner)
+
+
+def entry(path: str) -> dict:
+    st = os.lstat(path)
+    if statmod.S_ISDIR(st.st_mode):
+        kind = "dir"
+    elif statmod.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    elif statmod.S_ISREG(st.st_mode):
+        kind = "file"
+    else:
+        kind = "other"
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    out = {
+        "name": os.path.basename(path) or "/",
+        "path": path,
+        "type": kind,
+        "size": st.st_size,
+        "mode": statmod.S_IMODE(st.st_mode),
+        "owner": owner,
+        "mtime": st.st_mtime,
+    }
+    if kind == "symlink":
+        out["target"] = os.readlink(path)
+    return out
+
+
+def reseed(entropy: bytes) -> None:
+    """Mix host entropy into the kernel CRNG and force a reseed (forks share RNG state)."""
+    words = (len(entropy) + 3) // 4
+    buf = struct.pack("ii", len(entropy) * 8, len(entropy)) + entropy.ljust(words * 4, b"\0")
+    arr = ctypes.create_string_buffer(buf, len(buf))
+    fd = os.open("/dev/random", os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, RNDADDENTROPY, arr)
+        fcntl.ioctl(fd, RNDRESEEDCRNG)
+    finally:
+        os.close(fd)
+
+
+def online_cpus() -> None:
+    for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/online"):
+        try:
+            with open(path) as f:
+                if f.read().strip() == "1":
+                    continue
+            with open(path, "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+
+
+def mem_total_kb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    chan = Channel(find_port())
+    agent = Agent(chan)
+    decoder = FrameDecoder()
+    while True:
+        try:
+            data = os.read(chan.fd, 1 << 20)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            # No host connected: the port reads EOF until one connects. Drop partial input.
+            decoder.reset()
+            time.sleep(0.005)
+            continue
+        for header, payload in decoder.feed(data):
+            agent.handle(header, payload)
+
+
+if __name__ == "__main__":
+    main()

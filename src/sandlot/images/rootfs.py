@@ -1,0 +1,81 @@
+"""Root filesystem: mmdebstrap a minbase bookworm with the spec's packages, customize it in a
+chroot, install sandlot's guest init and agent, and pack it as an ext4 image (no loop mounts)."""
+
+from __future__ import annotations
+
+import glob
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+from sandlot.images._run import run
+from sandlot.images.spec import BASE_PACKAGES, TemplateSpec
+
+GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
+GUEST_FILES = {
+    "/opt/sandlot/agent.py": GUEST_DIR / "agent.py",
+    "/opt/sandlot/wire.py": GUEST_DIR / "wire.py",
+    "/sbin/sandlot-init": GUEST_DIR / "init.py",
+}
+
+
+def host_apt_sources() -> list[str]:
+    """The host's own apt sources (never a hard-coded mirror)."""
+    found = sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
+    found += sorted(glob.glob("/etc/apt/sources.list.d/*.list"))
+    if Path("/etc/apt/sources.list").is_file() and Path("/etc/apt/sources.list").stat().st_size:
+        found.insert(0, "/etc/apt/sources.list")
+    return found
+
+
+def guest_sources_hash_input() -> bytes:
+    return b"".join(p.read_bytes() for p in GUEST_FILES.values())
+
+
+def _hook(cmd: str) -> str:
+    return f"--customize-hook={cmd}"
+
+
+def build_rootfs(spec: TemplateSpec, out_image: Path, kernel_modules: Path) -> None:
+    packages = sorted(set(BASE_PACKAGES + spec.packages))
+    chroot = 'chroot "$1"'
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
+    hooks = [
+        _hook(f'{chroot} useradd -m -s /bin/bash -G sudo user'),
+        _hook(f'echo "user ALL=(ALL) NOPASSWD:ALL" > "$1/etc/sudoers.d/user"'),
+        _hook('mkdir -p "$1/opt/sandlot" "$1/lib/modules" "$1/run/sandlot"'),
+        _hook(f'cp -a {shlex.quote(str(kernel_modules))} "$1/lib/modules/"'),
+    ]
+    for guest, host in GUEST_FILES.items():
+        hooks.append(_hook(f'install -m 0755 {shlex.quote(str(host))} "$1{guest}"'))
+    if spec.pip:
+        pip_args = " ".join(shlex.quote(p) for p in spec.pip)
+        hooks.append(_hook(
+            f"{chroot} python3 -m pip install --no-cache-dir --break-system-packages {pip_args}"
+        ))
+    for guest, host in spec.files.items():
+        hooks.append(_hook(
+            f'mkdir -p "$1{shlex.quote(str(Path(guest).parent))}" && '
+            f'cp -a {shlex.quote(host)} "$1{shlex.quote(guest)}"'
+        ))
+    if spec.env:
+        lines = "\\n".join(f"{k}={v}" for k, v in spec.env.items())
+        hooks.append(_hook(f'printf "{lines}\\n" >> "$1/etc/environment"'))
+    if spec.workdir:
+        hooks.append(_hook(f'mkdir -p "$1{shlex.quote(spec.workdir)}"'))
+    for cmd in spec.run:
+        hooks.append(_hook(f"{chroot} /usr/bin/env {env_prefix} /bin/bash -c {shlex.quote(cmd)}"))
+    hooks.append(_hook(': > "$1/etc/fstab"; rm -f "$1/etc/resolv.conf"; '
+                       'touch "$1/etc/resolv.conf"'))
+    with tempfile.TemporaryDirectory(dir=out_image.parent) as tmp:
+        root = Path(tmp) / "root"
+        run([
+            "mmdebstrap", "--variant=minbase", "--mode=root", "--quiet",
+            f"--include={','.join(packages)}", *hooks,
+            "bookworm", str(root), *host_apt_sources(),
+        ])
+        tmp_img = Path(tmp) / "rootfs.ext4"
+        run(["mkfs.ext4", "-q", "-F", "-L", "sandlot", "-E", "root_owner=0:0",
+             "-d", str(root), str(tmp_img), f"{spec.disk_mb}M"])
+        shutil.move(tmp_img, out_image)
