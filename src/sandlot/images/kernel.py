@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +53,6 @@ def ensure_kernel(cache_dir: Path) -> Kernel:
         shutil.move(str(next((unpacked / "boot").glob("vmlinuz-*"))), target / "vmlinuz")
         mods = next((unpacked / "lib" / "modules").iterdir())
         shutil.move(str(mods), target / "modules")
-    subprocess.run(["depmod", "-b", str(target), version], check=False, capture_output=True)
     (target / ".done").write_text(version)
     return _kernel_at(target)
 

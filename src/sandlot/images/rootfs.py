@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from sandlot.images._run import run
+from sandlot.images.kernel import Kernel
 from sandlot.images.spec import BASE_PACKAGES, TemplateSpec
 
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
@@ -37,7 +38,7 @@ def _hook(cmd: str) -> str:
     return f"--customize-hook={cmd}"
 
 
-def build_rootfs(spec: TemplateSpec, out_image: Path, kernel_modules: Path) -> None:
+def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
     packages = sorted(set(BASE_PACKAGES + spec.packages))
     chroot = 'chroot "$1"'
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
@@ -45,7 +46,8 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel_modules: Path) -> N
         _hook(f'{chroot} useradd -m -s /bin/bash -G sudo user'),
         _hook(f'echo "user ALL=(ALL) NOPASSWD:ALL" > "$1/etc/sudoers.d/user"'),
         _hook('mkdir -p "$1/opt/sandlot" "$1/lib/modules" "$1/run/sandlot"'),
-        _hook(f'cp -a {shlex.quote(str(kernel_modules))} "$1/lib/modules/"'),
+        _hook(f'cp -a {shlex.quote(str(kernel.modules))} "$1/lib/modules/{kernel.version}"'),
+        _hook(f'{chroot} depmod {kernel.version}'),
     ]
     for guest, host in GUEST_FILES.items():
         hooks.append(_hook(f'install -m 0755 {shlex.quote(str(host))} "$1{guest}"'))

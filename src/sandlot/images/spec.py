@@ -17,7 +17,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 BUILDER_VERSION = "1"
 BASE_PACKAGES = [
     "python3", "python3-pip", "python3-venv", "bash", "coreutils", "procps", "iproute2",
-    "ca-certificates", "curl", "sudo", "less",
+    "ca-certificates", "curl", "sudo", "less", "kmod",
 ]
 
 

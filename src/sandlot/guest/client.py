@@ -1,0 +1,254 @@
+"""Host end of the guest agent link: an asyncio client over the virtio-serial unix socket.
+
+One connection multiplexes many requests by id. Replies resolve futures; streamed events go to
+bounded per-request queues, so a slow consumer back-pressures the guest instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sandlot.errors import (
+    GuestError,
+    InvalidArgumentError,
+    NotFoundError,
+    SandlotError,
+)
+from sandlot.guest.wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode
+
+_ERROR_TYPES: dict[str, type[SandlotError]] = {
+    "not_found": NotFoundError,
+    "invalid": InvalidArgumentError,
+    "permission": InvalidArgumentError,
+}
+_DONE = object()
+
+
+def agent_error(err: dict) -> SandlotError:
+    kind = err.get("type") if isinstance(err, dict) else None
+    message = err.get("message", "agent error") if isinstance(err, dict) else str(err)
+    return _ERROR_TYPES.get(kind, GuestError)(str(message))
+
+
+@dataclass
+class Hello:
+    proto: int
+    caps: list[str]
+    generation: str = "0"
+    extra: dict = field(default_factory=dict)
+
+
+class AgentClient:
+    """A session with the guest agent. Create with `await AgentClient.connect(path)`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._next_id = secrets.randbelow(1 << 30) + 1
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._write_lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self._closed: BaseException | None = None
+        self.hello: Hello | None = None
+
+    # ---- connection -----------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, path: str, timeout: float = 30.0) -> AgentClient:
+        """Connect to the agent socket and complete the hello handshake within `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last: BaseException | None = None
+        while loop.time() < deadline:
+            try:
+                reader, writer = await asyncio.open_unix_connection(path, limit=8 << 20)
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                last = e
+                await asyncio.sleep(0.005)
+                continue
+            client = cls(reader, writer)
+            client._task = asyncio.create_task(client._read_loop())
+            try:
+                remaining = max(0.1, deadline - loop.time())
+                await client._handshake(remaining)
+                return client
+            except (TimeoutError, GuestError) as e:
+                last = e
+                await client.close()
+        raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
+
+    async def _handshake(self, timeout: float) -> None:
+        nonce = secrets.token_hex(8)
+        # Re-send hello periodically: the guest drops input while it thinks no host is there.
+        rid = self._new_id()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not fut.done():
+            await self._send({"id": rid, "op": "hello", "nonce": nonce, "proto": PROTO_VERSION})
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), min(0.25, max(0.01, end - loop.time())))
+            except TimeoutError:
+                if loop.time() >= end:
+                    raise
+        header = fut.result()
+        if "error" in header:
+            raise agent_error(header["error"])
+        hello = header.get("hello") or {}
+        if hello.get("nonce") != nonce or hello.get("proto") != PROTO_VERSION:
+            raise GuestError(f"unexpected agent hello: {hello}")
+        self.hello = Hello(proto=hello["proto"], caps=list(hello.get("caps", [])),
+                           generation=str(header.get("generation", "0")))
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (OSError, asyncio.CancelledError):
+            pass
+        self._fail(GuestError("agent connection closed"))
+
+    @property
+    def alive(self) -> bool:
+        return self._closed is None
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self._next_id = (self._next_id + 1) % (1 << 31) or 1
+        return self._next_id
+
+    async def _send(self, header: dict, payload: bytes = b"") -> None:
+        if self._closed is not None:
+            raise GuestError(f"agent connection lost: {self._closed}")
+        data = encode(header, payload)
+        async with self._write_lock:
+            try:
+                self._writer.write(data)
+                await self._writer.drain()
+            except (ConnectionError, OSError) as e:
+                self._fail(e)
+                raise GuestError(f"agent connection lost: {e}") from e
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        try:
+            while True:
+                data = await self._reader.read(1 << 20)
+                if not data:
+                    raise ConnectionResetError("agent closed the connection")
+                for header, payload in decoder.feed(data):
+                    await self._dispatch(header, payload)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - every failure ends the session
+            self._fail(e)
+
+    async def _dispatch(self, header: dict, payload: bytes) -> None:
+        rid = header.get("id")
+        queue = self._streams.get(rid)
+        if queue is not None:
+            await queue.put((header, payload))
+            return
+        fut = self._waiters.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(header)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._closed is None:
+            self._closed = exc
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(GuestError(f"agent connection lost: {exc}"))
+        self._waiters.clear()
+        for queue in self._streams.values():
+            try:
+                queue.put_nowait(({"id": None, "lost": str(exc)}, b""))
+            except asyncio.QueueFull:
+                pass
+
+    # ---- requests -------------------------------------------------------------------------
+
+    async def request(self, op: str, payload: bytes = b"", timeout: float | None = 30.0,
+                      **fields) -> dict:
+        """One request, one reply. Raises the mapped sandlot error on an error reply."""
+        rid = self._new_id()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        try:
+            await self._send({"id": rid, "op": op, **fields}, payload)
+            header = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise GuestError(f"guest agent did not answer {op} within {timeout}s") from None
+        finally:
+            self._waiters.pop(rid, None)
+        if "error" in header:
+            raise agent_error(header["error"])
+        return header
+
+    async def stream(self, op: str, payload: bytes = b"", **fields) -> AsyncIterator[tuple[dict, bytes]]:
+        """Send a request and yield its events until a terminal one (exit, ok or error)."""
+        rid = self._new_id()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=64)
+        self._streams[rid] = queue
+        try:
+            await self._send({"id": rid, "op": op, **fields}, payload)
+            while True:
+                header, data = await queue.get()
+                if "lost" in header:
+                    raise GuestError(f"agent connection lost: {header['lost']}")
+                if "error" in header:
+                    raise agent_error(header["error"])
+                yield header, data
+                if header.get("event") == "exit" or (header.get("ok") and "event" not in header):
+                    return
+        finally:
+            self._streams.pop(rid, None)
+
+    async def upload(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
+                     mode: int | None = None) -> dict:
+        """Write a file from an async iterator of byte chunks without holding it whole."""
+        rid = self._new_id()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        try:
+            await self._send({"id": rid, "op": "write", "path": path, "user": user, "mode": mode})
+            async for chunk in chunks:
+                for i in range(0, len(chunk), CHUNK_SIZE):
+                    if fut.done():
+                        break
+                    await self._send({"id": rid, "op": "chunk"}, chunk[i : i + CHUNK_SIZE])
+            if not fut.done():
+                await self._send({"id": rid, "op": "end"})
+            header = await asyncio.wait_for(fut, 120)
+        finally:
+            self._waiters.pop(rid, None)
+        if "error" in header:
+            raise agent_error(header["error"])
+        return header
+
+    async def configure(self, *, env: dict[str, str] | None = None, generation: str | None = None,
+                        reseed: bool = True, online_cpus: bool = False) -> dict:
+        """Sync the clock (always), and optionally reseed the RNG, set env and the generation."""
+        import time
+
+        fields: dict = {"time_ns": time.time_ns()}
+        if reseed:
+            import base64
+
+            fields["entropy"] = base64.b64encode(os.urandom(64)).decode()
+        if env is not None:
+            fields["env"] = env
+        if generation is not None:
+            fields["generation"] = generation
+        if online_cpus:
+            fields["online_cpus"] = True
+        return await self.request("configure", **fields)

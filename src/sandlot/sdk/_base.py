@@ -1,0 +1,529 @@
+"""Everything the sync and async SDK share: configuration, request building, response parsing
+and error mapping. Nothing here does network I/O, so `_async/` and the generated `_sync/` stay
+thin wrappers that only send what these functions build."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+from urllib.parse import quote
+
+import httpx
+
+from sandlot.errors import (
+    ERRORS,
+    AuthenticationError,
+    InvalidArgumentError,
+    NotFoundError,
+    SandboxError,
+    SandlotError,
+)
+
+from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
+from ._models import CommandResult, SandboxInfo, SnapshotInfo, parse_list
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+# Creating and restoring sandboxes boots or loads a VM, so plain calls get a generous read timeout.
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+# Extra read time on top of a command's own timeout, so the server's timeout error arrives first.
+COMMAND_TIMEOUT_SLACK = 30.0
+UPLOAD_CHUNK = 1 << 20
+READ_FORMATS = ("text", "bytes", "stream")
+
+OutputCallback = Callable[[str], object]
+UploadData = str | bytes | BinaryIO | Iterable[bytes]
+
+monotonic = time.monotonic
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def resolve_config(api_url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """Arguments win over env ``SANDLOT_URL``/``SANDLOT_API_KEY``; the URL defaults to local."""
+    url = api_url or os.environ.get("SANDLOT_URL") or DEFAULT_URL
+    key = api_key if api_key is not None else os.environ.get("SANDLOT_API_KEY")
+    return url.rstrip("/"), key or None
+
+
+def client_kwargs(api_url: str, api_key: str | None, timeout: float | httpx.Timeout | None,
+                  ) -> dict[str, Any]:
+    """Keyword arguments for constructing the httpx client."""
+    headers = {"User-Agent": "sandlot-python"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    if timeout is not None and not isinstance(timeout, httpx.Timeout):
+        timeout = httpx.Timeout(timeout, connect=min(float(timeout), 10.0))
+    return {"base_url": api_url, "headers": headers, "timeout": timeout or DEFAULT_TIMEOUT}
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """A REST call, independent of sync or async I/O."""
+
+    method: str
+    path: str
+    params: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+
+
+def _seg(value: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"expected a non-empty id, got {value!r}")
+    return quote(value, safe="")
+
+
+def _sb(sandbox_id: str) -> str:
+    return f"/v1/sandboxes/{_seg(sandbox_id)}"
+
+
+def _snap(name_or_id: str) -> str:
+    return f"/v1/snapshots/{_seg(name_or_id)}"
+
+
+def _str_dict(value: dict[str, Any] | None, what: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{what} must be a dict, got {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = None,
+                   memory_mb: int | None = None, cpus: int | None = None,
+                   env: dict[str, str] | None = None, timeout: int | None = 300,
+                   metadata: dict[str, str] | None = None, internet: bool = True,
+                   network: Any = None) -> Request:
+    """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot."""
+    return Request("POST", "/v1/sandboxes", json={
+        "template": None if snapshot_id else template, "snapshot_id": snapshot_id,
+        "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env") or {},
+        "timeout": timeout, "metadata": _str_dict(metadata, "metadata") or {},
+        "internet": internet, "network": network,
+    })
+
+
+def list_sandboxes(metadata: dict[str, str] | None = None, *, include_stopped: bool = False,
+                   ) -> Request:
+    params: dict[str, Any] = {}
+    if metadata:
+        params["metadata"] = json.dumps(_str_dict(metadata, "metadata"), sort_keys=True)
+    if include_stopped:
+        params["all"] = "true"
+    return Request("GET", "/v1/sandboxes", params=params)
+
+
+def get_sandbox(sandbox_id: str) -> Request:
+    return Request("GET", _sb(sandbox_id))
+
+
+def kill_sandbox(sandbox_id: str) -> Request:
+    return Request("DELETE", _sb(sandbox_id))
+
+
+def set_timeout(sandbox_id: str, seconds: int) -> Request:
+    if seconds is None or seconds < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {seconds!r}")
+    return Request("POST", _sb(sandbox_id) + "/timeout", json={"timeout": seconds})
+
+
+def fork_sandbox(sandbox_id: str, count: int) -> Request:
+    if not isinstance(count, int) or count < 1:
+        raise InvalidArgumentError(f"count must be a positive integer, got {count!r}")
+    return Request("POST", _sb(sandbox_id) + "/fork", json={"count": count})
+
+
+def rollback_sandbox(sandbox_id: str, snapshot_id: str) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/rollback", json={"snapshot_id": snapshot_id})
+
+
+def create_snapshot(sandbox_id: str, name: str | None = None) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/snapshots", json={"name": name})
+
+
+def run_command(sandbox_id: str, cmd: str, *, timeout: float | None, env: dict[str, str] | None,
+                cwd: str | None, user: str, stdin: str | bytes | None, background: bool,
+                ) -> Request:
+    if not isinstance(cmd, str) or not cmd:
+        raise InvalidArgumentError("cmd must be a non-empty string")
+    if isinstance(stdin, bytes):
+        stdin = stdin.decode("utf-8")
+    return Request("POST", _sb(sandbox_id) + "/commands", json={
+        "cmd": cmd, "env": _str_dict(env, "env") or {}, "cwd": cwd, "user": user,
+        "timeout": timeout or None, "stdin": stdin, "background": background,
+    })
+
+
+def list_commands(sandbox_id: str) -> Request:
+    return Request("GET", _sb(sandbox_id) + "/commands")
+
+
+def stream_command(sandbox_id: str, pid: int) -> Request:
+    return Request("GET", f"{_sb(sandbox_id)}/commands/{int(pid)}/stream")
+
+
+def send_stdin(sandbox_id: str, pid: int, data: str | bytes, eof: bool = False) -> Request:
+    if isinstance(data, bytes):
+        data = data.decode("utf-8")
+    return Request("POST", f"{_sb(sandbox_id)}/commands/{int(pid)}/stdin",
+                   json={"data": data, "eof": eof})
+
+
+def kill_command(sandbox_id: str, pid: int, signal: int = 9) -> Request:
+    return Request("POST", f"{_sb(sandbox_id)}/commands/{int(pid)}/kill",
+                   json={"signal": int(signal)})
+
+
+def _path(path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidArgumentError(f"sandbox paths must be absolute, got {path!r}")
+    return path
+
+
+def read_file(sandbox_id: str, path: str, fmt: str = "bytes") -> Request:
+    if fmt not in READ_FORMATS:
+        raise InvalidArgumentError(f"format must be one of {', '.join(READ_FORMATS)}, got {fmt!r}")
+    return Request("GET", _sb(sandbox_id) + "/files", params={"path": _path(path)})
+
+
+def write_file(sandbox_id: str, path: str, user: str = "root") -> Request:
+    return Request("PUT", _sb(sandbox_id) + "/files", params={"path": _path(path), "user": user})
+
+
+def list_files(sandbox_id: str, path: str, depth: int = 1) -> Request:
+    return Request("GET", _sb(sandbox_id) + "/files/list",
+                   params={"path": _path(path), "depth": int(depth)})
+
+
+def stat_file(sandbox_id: str, path: str) -> Request:
+    return Request("GET", _sb(sandbox_id) + "/files/stat", params={"path": _path(path)})
+
+
+def file_exists(sandbox_id: str, path: str) -> Request:
+    return Request("GET", _sb(sandbox_id) + "/files/exists", params={"path": _path(path)})
+
+
+def remove_file(sandbox_id: str, path: str) -> Request:
+    return Request("DELETE", _sb(sandbox_id) + "/files", params={"path": _path(path)})
+
+
+def make_dir(sandbox_id: str, path: str, user: str = "root") -> Request:
+    return Request("POST", _sb(sandbox_id) + "/files/mkdir",
+                   json={"path": _path(path), "user": user})
+
+
+def rename_file(sandbox_id: str, src: str, dst: str) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/files/rename",
+                   json={"src": _path(src), "dst": _path(dst)})
+
+
+def list_snapshots(sandbox_id: str | None = None) -> Request:
+    return Request("GET", "/v1/snapshots", params={"sandbox_id": sandbox_id} if sandbox_id else {})
+
+
+def get_snapshot(name_or_id: str) -> Request:
+    return Request("GET", _snap(name_or_id))
+
+
+def rename_snapshot(name_or_id: str, name: str) -> Request:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("snapshot name must be a non-empty string")
+    return Request("PATCH", _snap(name_or_id), json={"name": name})
+
+
+def delete_snapshot(name_or_id: str) -> Request:
+    return Request("DELETE", _snap(name_or_id))
+
+
+def restore_snapshot(name_or_id: str, *, name: str | None = None, memory_mb: int | None = None,
+                     cpus: int | None = None, env: dict[str, str] | None = None,
+                     timeout: int | None = None, metadata: dict[str, str] | None = None,
+                     internet: bool = True) -> Request:
+    return Request("POST", _snap(name_or_id) + "/restore", json={
+        "name": name, "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env"),
+        "timeout": timeout, "metadata": _str_dict(metadata, "metadata"), "internet": internet,
+    })
+
+
+def list_templates() -> Request:
+    return Request("GET", "/v1/templates")
+
+
+def get_template(name: str) -> Request:
+    return Request("GET", f"/v1/templates/{_seg(name)}")
+
+
+def health() -> Request:
+    return Request("GET", "/health")
+
+
+def command_timeout(timeout: float | None) -> httpx.Timeout:
+    """HTTP timeouts for a streamed command: the read timeout outlives the command's own."""
+    read = None if not timeout else float(timeout) + COMMAND_TIMEOUT_SLACK
+    return httpx.Timeout(DEFAULT_TIMEOUT.write, connect=DEFAULT_TIMEOUT.connect, read=read)
+
+
+STREAM_TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT.write, connect=DEFAULT_TIMEOUT.connect, read=None)
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+_STATUS_FALLBACK: dict[int, type[SandlotError]] = {
+    400: InvalidArgumentError, 401: AuthenticationError, 403: AuthenticationError,
+    404: NotFoundError, 422: InvalidArgumentError, 502: SandboxError,
+}
+
+
+def error_from_payload(payload: Any, status: int | None = None) -> SandlotError:
+    """Build the `sandlot.errors` class named by ``{"type", "message"}``."""
+    if not isinstance(payload, dict):
+        payload = {}
+    name = payload.get("type")
+    message = str(payload.get("message") or name or "unknown error")
+    cls = ERRORS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        cls = _STATUS_FALLBACK.get(status or 0, SandlotError)
+    error = cls(message)
+    if status is not None:
+        error.status = status
+    return error
+
+
+def error_from_response(status: int, content: bytes, has_key: bool = True) -> SandlotError:
+    """Turn an HTTP error answer into the sandlot error it names."""
+    payload: Any = None
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        pass
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = error_from_payload(payload["error"], status)
+    else:
+        text = content.decode("utf-8", "replace").strip()[:200]
+        cls = _STATUS_FALLBACK.get(status, SandlotError)
+        error = cls(f"HTTP {status}" + (f": {text}" if text else ""))
+        error.status = status
+    if isinstance(error, AuthenticationError) and not has_key:
+        error.message += " (no API key: pass api_key= or set SANDLOT_API_KEY)"
+        error.args = (error.message,)
+    return error
+
+
+@contextlib.contextmanager
+def map_transport_errors(api_url: str) -> Iterator[None]:
+    """Re-raise httpx's connection and protocol errors as `SandlotError`, keeping the cause."""
+    try:
+        yield
+    except httpx.ConnectError as exc:
+        raise SandlotError(f"cannot connect to the sandlot server at {api_url}: {exc}",
+                           cause=exc) from exc
+    except httpx.TimeoutException as exc:
+        raise SandlotError(f"request to the sandlot server at {api_url} timed out "
+                           f"({type(exc).__name__})", cause=exc) from exc
+    except httpx.RequestError as exc:
+        raise SandlotError(f"connection to the sandlot server at {api_url} failed: "
+                           f"{type(exc).__name__}: {exc}", cause=exc) from exc
+    except httpx.InvalidURL as exc:
+        raise InvalidArgumentError(f"invalid sandlot URL {api_url!r}: {exc}", cause=exc) from exc
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def parse_json(content: bytes) -> Any:
+    if not content:
+        return None
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise SandlotError(f"server sent invalid JSON: {content[:100]!r}", cause=exc) from exc
+
+
+def parse_fork(data: Any) -> tuple[list[SandboxInfo], list[SandlotError]]:
+    """Split a fork answer into the children that started and the errors of those that didn't."""
+    children = parse_list(SandboxInfo, data, "sandboxes")
+    errors: list[SandlotError] = []
+    for item in sorted((data or {}).get("errors", []), key=lambda e: e.get("index", 0)):
+        error = error_from_payload(item.get("error"))
+        error.message = f"fork child {item.get('index')}: {error.message}"
+        error.args = (error.message,)
+        errors.append(error)
+    return children, errors
+
+
+def check_fork(children: list[Any], errors: list[SandlotError]) -> None:
+    """A fork where every child failed raises the first error; partial failure is returned."""
+    if errors and not children:
+        raise errors[0]
+
+
+def snapshot_done(info: SnapshotInfo) -> bool:
+    """True once the snapshot is ready; raises `SnapshotFailedError` if it can never be."""
+    if info.state == "ready":
+        return True
+    if info.state in ("failed", "deleted"):
+        detail = info.error or f"snapshot is {info.state}"
+        raise SnapshotFailedError(f"snapshot {info.snapshot_id} failed: {detail}",
+                                  snapshot_id=info.snapshot_id)
+    return False
+
+
+def check_wait(info: SnapshotInfo, deadline: float | None, timeout: float | None) -> float:
+    """Raise `WaitTimeoutError` past `deadline`; else return how long to sleep before polling."""
+    if deadline is not None and monotonic() >= deadline:
+        raise WaitTimeoutError(f"snapshot {info.snapshot_id} still {info.state} after {timeout}s")
+    delay = 0.2 if info.state == "creating" else 0.5
+    if deadline is not None:
+        delay = max(0.0, min(delay, deadline - monotonic()))
+    return delay
+
+
+def wait_deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else monotonic() + timeout
+
+
+def snapshot_ref(snapshot: Any) -> str:
+    """Accept a snapshot object, a `SnapshotInfo`, or an id or name."""
+    ref = getattr(snapshot, "snapshot_id", snapshot)
+    if not isinstance(ref, str) or not ref:
+        raise InvalidArgumentError(f"expected a snapshot, snapshot id or name, got {snapshot!r}")
+    return ref
+
+
+def check_restore_source(info: SnapshotInfo, sandbox_id: str | None) -> None:
+    """Reject a restore whose snapshot does not come from `sandbox_id` (when one is given)."""
+    if sandbox_id is not None and info.sandbox_id is not None and info.sandbox_id != sandbox_id:
+        raise InvalidArgumentError(
+            f"snapshot {info.snapshot_id} was taken from {info.sandbox_id}, not {sandbox_id}")
+
+
+class CommandStream:
+    """Folds the NDJSON events of a command into a `CommandResult`, calling the output
+    callbacks with each chunk as it is fed."""
+
+    def __init__(self, cmd: str = "", on_stdout: OutputCallback | None = None,
+                 on_stderr: OutputCallback | None = None, check: bool = False) -> None:
+        self.cmd = cmd
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+        self.check = check
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.error: SandlotError | None = None
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+
+    def feed(self, line: str) -> None:
+        """Handle one NDJSON line."""
+        line = line.strip()
+        if not line:
+            return
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise SandlotError(f"server sent a bad command event: {line[:100]!r}",
+                               cause=exc) from exc
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "start":
+            self.pid = event.get("pid")
+        elif kind == "stdout":
+            data = str(event.get("data", ""))
+            self._stdout.append(data)
+            if self.on_stdout is not None:
+                self.on_stdout(data)
+        elif kind == "stderr":
+            data = str(event.get("data", ""))
+            self._stderr.append(data)
+            if self.on_stderr is not None:
+                self.on_stderr(data)
+        elif kind == "exit":
+            self.exit_code = int(event.get("exit_code", -1))
+        elif kind == "error":
+            self.error = error_from_payload(event.get("error"))
+
+    def result(self) -> CommandResult:
+        """The finished result; raises the stream's error, or `CommandExitError` if checking."""
+        if self.error is not None:
+            raise self.error
+        if self.exit_code is None:
+            raise SandboxError("command output ended without an exit code")
+        result = CommandResult("".join(self._stdout), "".join(self._stderr), self.exit_code)
+        if self.check and not result.ok:
+            raise CommandExitError(result, self.cmd)
+        return result
+
+
+def background_pid(data: Any) -> int:
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        raise SandlotError(f"server answered a background command without a pid: {data!r}")
+    return data["pid"]
+
+
+def decode_file(content: bytes, fmt: str) -> str | bytes:
+    return content.decode("utf-8") if fmt == "text" else content
+
+
+# -- uploads ---------------------------------------------------------------------------------
+
+
+def _read_chunks(fileobj: BinaryIO) -> Iterator[bytes]:
+    while True:
+        chunk = fileobj.read(UPLOAD_CHUNK)
+        if not chunk:
+            return
+        if isinstance(chunk, str):
+            raise InvalidArgumentError("file objects must be opened in binary mode")
+        yield chunk
+
+
+def _iter_chunks(data: Iterable[bytes]) -> Iterator[bytes]:
+    for chunk in data:
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8")
+        if not isinstance(chunk, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"upload chunks must be bytes, got {type(chunk).__name__}")
+        yield bytes(chunk)
+
+
+def upload_content(data: UploadData) -> bytes | Iterator[bytes]:
+    """Request content for an upload: small in-memory data as is, anything else as a generator
+    of chunks so large files are never held whole in memory."""
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    if hasattr(data, "read"):
+        return _read_chunks(data)  # type: ignore[arg-type]
+    if isinstance(data, Iterable):
+        return _iter_chunks(data)
+    raise InvalidArgumentError(
+        f"cannot upload {type(data).__name__}: pass str, bytes, a binary file or bytes chunks")
+
+
+async def _aiter_chunks(data: Any) -> AsyncIterator[bytes]:
+    async for chunk in data:
+        for piece in _iter_chunks([chunk]):
+            yield piece
+
+
+async def _sync_to_async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    # Local file reads block briefly per 1 MiB chunk; that is acceptable on the event loop.
+    for chunk in chunks:
+        yield chunk
+
+
+def aupload_content(data: UploadData | AsyncIterator[bytes]) -> bytes | AsyncIterator[bytes]:
+    """Async twin of `upload_content`: also accepts async iterators of bytes."""
+    if hasattr(data, "__aiter__"):
+        return _aiter_chunks(data)
+    content = upload_content(data)  # type: ignore[arg-type]
+    return content if isinstance(content, bytes) else _sync_to_async(content)

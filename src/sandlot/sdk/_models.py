@@ -1,0 +1,107 @@
+"""Data objects the SDK returns. They mirror the objects in docs/api.md and ignore unknown fields,
+so a newer server can add fields without breaking older clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SandboxInfo(_Model):
+    """A sandbox as the server describes it."""
+
+    sandbox_id: str
+    template: str | None = None
+    snapshot_id: str | None = None
+    state: str = "running"
+    memory_mb: int | None = None
+    cpus: int | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    timeout: int | None = None
+    internet: bool = True
+    generation: str | None = None
+    pid: int | None = None
+
+
+class SnapshotInfo(_Model):
+    """A snapshot as the server describes it.
+
+    `state` goes ``creating`` -> ``uploading`` -> ``ready``, or ends in ``failed`` (see `error`)
+    or ``deleted``.
+    """
+
+    snapshot_id: str
+    name: str | None = None
+    state: str = "creating"
+    error: str | None = None
+    sandbox_id: str | None = None
+    template: str | None = None
+    memory_mb: int | None = None
+    cpus: int | None = None
+    created_at: datetime | None = None
+    ready_at: datetime | None = None
+    size_bytes: int | None = None
+    stored_bytes: int | None = None
+
+
+class TemplateInfo(_Model):
+    """A built template on the server."""
+
+    name: str
+    hash: str | None = None
+    memory_mb: int | None = None
+    cpus: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    built_at: datetime | None = None
+
+
+class ProcessInfo(_Model):
+    """A process started with ``commands.run``/``commands.start``."""
+
+    pid: int
+    cmd: str = ""
+    user: str | None = None
+    running: bool = True
+    exit_code: int | None = None
+    started_at: float | None = None
+
+
+class EntryInfo(_Model):
+    """A file system entry in a sandbox. `type` is ``file``, ``dir``, ``symlink`` or ``other``."""
+
+    name: str
+    path: str
+    type: str = "file"
+    size: int = 0
+    mode: int | None = None
+    owner: str | None = None
+    mtime: float | None = None
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of a finished command. `ok` is ``exit_code == 0``."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    ok: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ok", self.exit_code == 0)
+
+
+def parse_list(model: type[_Model], data: Any, key: str) -> list[Any]:
+    """Parse ``{key: [obj, ...]}`` into a list of `model`."""
+    return [model.model_validate(item) for item in (data or {}).get(key, [])]

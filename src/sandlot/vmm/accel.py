@@ -1,0 +1,34 @@
+"""Choose the QEMU accelerator: KVM on hosts with real VMX/SVM, TCG otherwise (PVM hosts too)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sandlot.errors import InvalidArgumentError
+
+
+def detect_accel() -> str:
+    """`kvm` or `tcg`. `SANDLOT_ACCEL=kvm|tcg` forces one."""
+    forced = os.environ.get("SANDLOT_ACCEL", "").strip().lower()
+    if forced:
+        if forced not in ("kvm", "tcg"):
+            raise InvalidArgumentError(f"SANDLOT_ACCEL must be kvm or tcg, not {forced!r}")
+        return forced
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    if Path("/sys/module/kvm_pvm").exists():
+        return "tcg"  # PVM cannot run a normal guest kernel
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "tcg"
+    if " vmx" in flags or " svm" in flags:
+        return "kvm"
+    return "tcg"
+
+
+def accel_args(accel: str) -> list[str]:
+    if accel == "kvm":
+        return ["-accel", "kvm", "-cpu", "host"]
+    return ["-accel", "tcg,thread=multi,tb-size=64", "-cpu", "max"]

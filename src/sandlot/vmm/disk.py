@@ -1,0 +1,47 @@
+"""qcow2 disks: overlays on a backing image, and flattening a chain onto its base."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from sandlot.errors import VmmError
+
+QEMU_IMG = "qemu-img"
+
+
+async def _qemu_img(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        QEMU_IMG, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if proc.returncode:
+        raise VmmError(f"qemu-img {args[0]} failed: {err.decode(errors='replace').strip()}")
+    return out.decode()
+
+
+async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int) -> None:
+    """A new empty qcow2 on `backing` (not opened: -u, so a busy backing file is fine)."""
+    await _qemu_img("create", "-q", "-f", "qcow2", "-u", "-b", str(backing), "-F", backing_fmt,
+                    "-o", "cluster_size=65536", str(path), str(size))
+
+
+async def flatten_onto(src: Path, dst: Path, base: Path, base_fmt: str) -> None:
+    """Write everything `src`'s chain holds above `base` into one new qcow2 backed by `base`.
+
+    This keeps each snapshot's disk at two layers (base + its own), however long its history.
+    """
+    tmp = dst.with_suffix(".tmp")
+    await _qemu_img("convert", "-U", "-q", "-O", "qcow2", "-B", str(base), "-F", base_fmt,
+                    "-o", "cluster_size=65536", str(src), str(tmp))
+    tmp.replace(dst)
+
+
+async def virtual_size(path: Path) -> int:
+    info = json.loads(await _qemu_img("info", "-U", "--output=json", str(path)))
+    return int(info["virtual-size"])
+
+
+async def rebase_unsafe(path: Path, backing: Path, backing_fmt: str) -> None:
+    await _qemu_img("rebase", "-u", "-b", str(backing), "-F", backing_fmt, str(path))

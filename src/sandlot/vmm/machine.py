@@ -1,0 +1,250 @@
+"""One QEMU process: its command line, its QMP session, its lifetime.
+
+The device model is fixed here and must not vary between a snapshot and its restores: q35, RAM in
+a memory backend named ``mem``, one virtio-blk disk, virtio-serial with the agent port, virtio-rng,
+one virtio-net NIC, with room for memory and CPU hotplug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from qemu.qmp import QMPClient, QMPError
+
+from sandlot.errors import VmmError
+from sandlot.vmm.accel import accel_args
+
+log = logging.getLogger(__name__)
+
+QEMU = "qemu-system-x86_64"
+MAX_CPUS = 8
+MAX_MEM_MB = 16384
+MEM_SLOTS = 4
+KERNEL_CMDLINE = (
+    "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1 memhp_default_state=online "
+    "tsc=reliable no_timer_check random.trust_bootloader=off"
+)
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """Everything that decides a QEMU command line."""
+
+    run_dir: Path
+    kernel: Path
+    initrd: Path
+    disk: Path
+    memory_mb: int = 512
+    cpus: int = 1
+    accel: str = "tcg"
+    ram_path: Path | None = None  # None: anonymous RAM (cold boot)
+    ram_share: bool = False
+    incoming: bool = False
+    netdev: str = "user,id=net0,restrict=on"
+    exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-...")
+    extra: tuple[str, ...] = field(default=())
+
+    def with_(self, **changes) -> MachineSpec:
+        return replace(self, **changes)
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.run_dir / "qmp.sock"
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.run_dir / "agent.sock"
+
+    def command(self) -> list[str]:
+        mem = f"{self.memory_mb}M"
+        if self.ram_path is None:
+            backend = f"memory-backend-ram,id=mem,size={mem}"
+        else:
+            share = "on" if self.ram_share else "off"
+            backend = f"memory-backend-file,id=mem,size={mem},mem-path={self.ram_path},share={share}"
+        cmd = [
+            *self.exec_prefix,
+            QEMU, "-nodefaults", "-no-user-config", "-nographic",
+            "-machine", "q35,memory-backend=mem,vmport=off,smbus=off,sata=off,usb=off",
+            *accel_args(self.accel),
+            "-smp", f"{self.cpus},maxcpus={MAX_CPUS}",
+            "-m", f"{mem},slots={MEM_SLOTS},maxmem={MAX_MEM_MB}M",
+            "-object", backend,
+            "-kernel", str(self.kernel), "-initrd", str(self.initrd),
+            "-append", KERNEL_CMDLINE,
+            "-serial", f"file:{self.run_dir / 'console.log'}",
+            "-blockdev",
+            f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={self.disk},"
+            "file.aio=threads,cache.direct=off",
+            "-device", "virtio-blk-pci,drive=disk0,id=vda",
+            "-device", "virtio-serial-pci,id=vser0",
+            "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
+            "-device", "virtserialport,bus=vser0.0,chardev=agent,name=org.sandlot.agent",
+            "-object", "rng-random,id=rng0,filename=/dev/urandom",
+            "-device", "virtio-rng-pci,rng=rng0",
+            "-netdev", self.netdev,
+            "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile=",
+            "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
+            "-pidfile", str(self.run_dir / "qemu.pid"),
+            *self.extra,
+        ]
+        if self.incoming:
+            cmd += ["-S", "-incoming", "defer"]
+        return cmd
+
+
+class Machine:
+    """A running QEMU process and its QMP session (async only)."""
+
+    def __init__(self, spec: MachineSpec, pid: int, proc: asyncio.subprocess.Process | None) -> None:
+        self.spec = spec
+        self.pid = pid
+        self._proc = proc
+        self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
+        self._qmp_lock = asyncio.Lock()
+
+    @classmethod
+    async def launch(cls, spec: MachineSpec, timeout: float = 30.0) -> Machine:
+        """Start QEMU and connect QMP; the VM runs unless `spec.incoming` (then it waits paused)."""
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        for sock in (spec.qmp_socket, spec.agent_socket):
+            with contextlib.suppress(FileNotFoundError):
+                sock.unlink()
+        log_file = open(spec.run_dir / "qemu.log", "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                stderr=log_file, start_new_session=True,
+            )
+        except OSError as e:
+            raise VmmError(f"cannot start QEMU: {e}", cause=e) from e
+        finally:
+            log_file.close()
+        machine = cls(spec, proc.pid, proc)
+        try:
+            await machine._connect_qmp(timeout)
+        except BaseException:
+            await machine.kill()
+            raise
+        return machine
+
+    @classmethod
+    async def adopt(cls, spec: MachineSpec, pid: int, timeout: float = 5.0) -> Machine:
+        """Re-attach to a QEMU left running by an earlier server process."""
+        machine = cls(spec, pid, None)
+        await machine._connect_qmp(timeout)
+        return machine
+
+    async def _connect_qmp(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self._proc is not None and self._proc.returncode is not None:
+                raise VmmError(f"QEMU exited at start: {self.log_tail()}")
+            if self.spec.qmp_socket.exists():
+                try:
+                    await self.qmp.connect(str(self.spec.qmp_socket))
+                    return
+                except (QMPError, OSError) as e:
+                    if loop.time() > deadline:
+                        raise VmmError(f"QMP connect failed: {e}") from e
+            if loop.time() > deadline:
+                raise VmmError(f"QEMU did not open QMP within {timeout}s: {self.log_tail()}")
+            await asyncio.sleep(0.005)
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return (self.spec.run_dir / "qemu.log").read_text(errors="replace")[-n:].strip()
+        except OSError:
+            return ""
+
+    async def execute(self, cmd: str, args: dict | None = None, timeout: float = 30.0):
+        """Run one QMP command; failures become VmmError."""
+        try:
+            async with self._qmp_lock:
+                return await asyncio.wait_for(self.qmp.execute(cmd, args), timeout)
+        except TimeoutError:
+            raise VmmError(f"QMP {cmd} timed out after {timeout}s") from None
+        except (QMPError, OSError, EOFError) as e:
+            raise VmmError(f"QMP {cmd} failed: {e}", cause=e) from e
+
+    async def status(self) -> str:
+        return (await self.execute("query-status"))["status"]
+
+    async def migrate_status(self) -> dict:
+        return await self.execute("query-migrate")
+
+    async def wait_migration(self, states: tuple[str, ...], timeout: float = 120.0,
+                             poll: float = 0.002) -> dict:
+        """Poll query-migrate until its status is one of `states`; 'failed' raises."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            info = await self.migrate_status()
+            status = info.get("status")
+            if status in states:
+                return info
+            if status in ("failed", "cancelled"):
+                raise VmmError(f"migration {status}: {info.get('error-desc', '')} "
+                               f"{self.log_tail(500)}")
+            if loop.time() > deadline:
+                raise VmmError(f"migration stuck in {status} after {timeout}s")
+            await asyncio.sleep(poll)
+
+    async def wait_incoming(self, timeout: float = 60.0) -> None:
+        """Wait for an incoming migration to finish loading (the VM is then paused)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            status = await self.status()
+            if status in ("paused", "running", "prelaunch"):
+                return
+            if status not in ("inmigrate",):
+                raise VmmError(f"incoming migration ended in state {status}: "
+                               f"{self.log_tail(500)}")
+            if self.exited:
+                raise VmmError(f"QEMU died while loading: {self.log_tail(800)}")
+            if loop.time() > deadline:
+                raise VmmError(f"incoming migration did not finish in {timeout}s")
+            await asyncio.sleep(0.002)
+
+    @property
+    def exited(self) -> bool:
+        if self._proc is not None:
+            return self._proc.returncode is not None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    async def kill(self, grace: float = 0.0) -> None:
+        """Stop the process (SIGKILL after `grace` seconds of asking nicely) and reap it."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.qmp.disconnect(), 1.0)
+        if grace and not self.exited:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            await self._reap(grace)
+        if not self.exited:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        await self._reap(5.0)
+
+    async def _reap(self, timeout: float) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), timeout)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.exited and loop.time() < deadline:
+            await asyncio.sleep(0.01)
