@@ -1,0 +1,59 @@
+"""The sandlot Python SDK: sync (`Sandbox`, `Snapshot`, `Sandlot`) and async (`AsyncSandbox`,
+`AsyncSnapshot`, `AsyncSandlot`) clients of the REST API in docs/api.md.
+
+Import these from `sandlot` itself; the modules under this package are private.
+"""
+
+from ._async._client import AsyncSandboxes, AsyncSandlot, AsyncSnapshots, AsyncTemplates
+from ._async._commands import AsyncCommandHandle, AsyncCommands
+from ._async._files import AsyncFiles
+from ._async._http import AsyncByteStream
+from ._async._sandbox import AsyncForkList, AsyncSandbox, AsyncSnapshot
+from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
+from ._models import (
+    CommandResult,
+    EntryInfo,
+    ProcessInfo,
+    SandboxInfo,
+    SnapshotInfo,
+    TemplateInfo,
+)
+from ._sync._client import Sandboxes, Sandlot, Snapshots, Templates
+from ._sync._commands import CommandHandle, Commands
+from ._sync._files import Files
+from ._sync._http import ByteStream
+from ._sync._sandbox import ForkList, Sandbox, Snapshot
+
+__all__ = [
+    "AsyncByteStream",
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncForkList",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "AsyncSandlot",
+    "AsyncSnapshot",
+    "AsyncSnapshots",
+    "AsyncTemplates",
+    "ByteStream",
+    "CommandExitError",
+    "CommandHandle",
+    "CommandResult",
+    "Commands",
+    "EntryInfo",
+    "Files",
+    "ForkList",
+    "ProcessInfo",
+    "SandboxInfo",
+    "Sandbox",
+    "Sandboxes",
+    "Sandlot",
+    "Snapshot",
+    "SnapshotFailedError",
+    "SnapshotInfo",
+    "Snapshots",
+    "TemplateInfo",
+    "Templates",
+    "WaitTimeoutError",
+]

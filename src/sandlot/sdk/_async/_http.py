@@ -1,4 +1,4 @@
-"""The one place the async SDK sends HTTP requests."""
+"""The one place the SDK sends HTTP requests (async)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,109 @@
+"""sandlot: self-hosted QEMU microVM sandboxes with live snapshot, restore and fork.
+
+    from sandlot import Sandbox
+
+    with Sandbox.create() as sbx:
+        print(sbx.commands.run("echo hi").stdout)
+
+Everything public is exported here; modules whose names start with ``_`` are private.
+"""
+
+from sandlot.errors import (
+    AuthenticationError,
+    BuildError,
+    CommandTimeoutError,
+    ConflictError,
+    GuestError,
+    InvalidArgumentError,
+    InvalidStateError,
+    NotFoundError,
+    SandboxError,
+    SandlotError,
+    StorageError,
+    VmmError,
+)
+from sandlot.sdk import (
+    AsyncByteStream,
+    AsyncCommandHandle,
+    AsyncCommands,
+    AsyncFiles,
+    AsyncForkList,
+    AsyncSandbox,
+    AsyncSandboxes,
+    AsyncSandlot,
+    AsyncSnapshot,
+    AsyncSnapshots,
+    AsyncTemplates,
+    ByteStream,
+    CommandExitError,
+    CommandHandle,
+    CommandResult,
+    Commands,
+    EntryInfo,
+    Files,
+    ForkList,
+    ProcessInfo,
+    Sandbox,
+    Sandboxes,
+    SandboxInfo,
+    Sandlot,
+    Snapshot,
+    SnapshotFailedError,
+    SnapshotInfo,
+    Snapshots,
+    TemplateInfo,
+    Templates,
+    WaitTimeoutError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # clients
+    "Sandbox",
+    "AsyncSandbox",
+    "Snapshot",
+    "AsyncSnapshot",
+    "Sandlot",
+    "AsyncSandlot",
+    # objects the clients hand out
+    "AsyncByteStream",
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncForkList",
+    "AsyncSandboxes",
+    "AsyncSnapshots",
+    "AsyncTemplates",
+    "ByteStream",
+    "CommandHandle",
+    "Commands",
+    "Files",
+    "ForkList",
+    "Sandboxes",
+    "Snapshots",
+    "Templates",
+    # models
+    "CommandResult",
+    "EntryInfo",
+    "ProcessInfo",
+    "SandboxInfo",
+    "SnapshotInfo",
+    "TemplateInfo",
+    # errors
+    "SandlotError",
+    "InvalidArgumentError",
+    "AuthenticationError",
+    "NotFoundError",
+    "ConflictError",
+    "InvalidStateError",
+    "CommandTimeoutError",
+    "SandboxError",
+    "GuestError",
+    "VmmError",
+    "StorageError",
+    "BuildError",
+    "CommandExitError",
+    "SnapshotFailedError",
+    "WaitTimeoutError",
+]

@@ -1,0 +1,149 @@
+"""The `AsyncSandlot` client object (async)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from .. import _base
+from .._models import SandboxInfo, SnapshotInfo, TemplateInfo, parse_list
+from ._http import AsyncAPI
+from ._sandbox import AsyncSandbox, AsyncSnapshot, _delete_snapshot
+
+
+class AsyncSandboxes:
+    """``client.sandboxes``."""
+
+    def __init__(self, api: AsyncAPI) -> None:
+        self._api = api
+
+    async def create(self, template: str = "base", *, snapshot_id: str | None = None,
+                     memory_mb: int | None = None, cpus: int | None = None,
+                     env: dict[str, str] | None = None, timeout: int | None = 300,
+                     metadata: dict[str, str] | None = None, internet: bool = True,
+                     network: Any = None) -> AsyncSandbox:
+        """Start a sandbox; see `AsyncSandbox.create`."""
+        data = await self._api.call(_base.create_sandbox(
+            template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
+            timeout=timeout, metadata=metadata, internet=internet, network=network))
+        return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
+
+    async def connect(self, sandbox_id: str) -> AsyncSandbox:
+        """Attach to an existing sandbox; raises `NotFoundError` if it is unknown or gone."""
+        data = await self._api.call(_base.get_sandbox(sandbox_id))
+        return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
+
+    async def get_info(self, sandbox_id: str) -> SandboxInfo:
+        """The `SandboxInfo` of `sandbox_id`."""
+        return SandboxInfo.model_validate(await self._api.call(_base.get_sandbox(sandbox_id)))
+
+    async def list(self, metadata: dict[str, str] | None = None, *,
+                   include_stopped: bool = False) -> list[SandboxInfo]:
+        """Sandboxes whose metadata contains all of `metadata` (running ones unless
+        `include_stopped`)."""
+        data = await self._api.call(
+            _base.list_sandboxes(metadata, include_stopped=include_stopped))
+        return parse_list(SandboxInfo, data, "sandboxes")
+
+    async def kill(self, sandbox_id: str) -> bool:
+        """Stop `sandbox_id`; False if it was already gone."""
+        return await AsyncSandbox(self._api, SandboxInfo(sandbox_id=sandbox_id)).kill()
+
+
+class AsyncSnapshots:
+    """``client.snapshots``."""
+
+    def __init__(self, api: AsyncAPI) -> None:
+        self._api = api
+
+    async def get(self, name_or_id: str) -> AsyncSnapshot:
+        """Look a snapshot up by id or name; raises `NotFoundError` if there is none."""
+        data = await self._api.call(_base.get_snapshot(name_or_id))
+        return AsyncSnapshot(self._api, SnapshotInfo.model_validate(data))
+
+    async def list(self, sandbox_id: str | None = None) -> list[SnapshotInfo]:
+        """All snapshots that are not deleted, optionally only those of `sandbox_id`."""
+        data = await self._api.call(_base.list_snapshots(sandbox_id))
+        return parse_list(SnapshotInfo, data, "snapshots")
+
+    async def delete(self, name_or_id: str) -> bool:
+        """Delete a snapshot by id or name; False if there was none."""
+        return await _delete_snapshot(self._api, name_or_id)
+
+    async def restore(self, sandbox_id: str | None, snapshot_id: str, *,
+                      name: str | None = None, memory_mb: int | None = None,
+                      cpus: int | None = None, env: dict[str, str] | None = None,
+                      timeout: int | None = None, metadata: dict[str, str] | None = None,
+                      internet: bool = True) -> AsyncSandbox:
+        """Restore `snapshot_id` (id or name) into a new sandbox.
+
+        `sandbox_id` does not change the target: the restore always makes a new sandbox. When
+        given, it must be the sandbox the snapshot was taken from (`InvalidArgumentError`
+        otherwise); pass None to skip that check.
+        """
+        snapshot = await self.get(snapshot_id)
+        _base.check_restore_source(snapshot.info, sandbox_id)
+        return await snapshot.restore_with(name, memory_mb=memory_mb, cpus=cpus, env=env,
+                                           timeout=timeout, metadata=metadata,
+                                           internet=internet)
+
+
+class AsyncTemplates:
+    """``client.templates``. Templates are built on the server host with
+    ``sandlot template build``."""
+
+    def __init__(self, api: AsyncAPI) -> None:
+        self._api = api
+
+    async def list(self) -> list[TemplateInfo]:
+        """The templates the server can start sandboxes from."""
+        return parse_list(TemplateInfo, await self._api.call(_base.list_templates()), "templates")
+
+    async def get(self, name: str) -> TemplateInfo:
+        """The template called `name`."""
+        return TemplateInfo.model_validate(await self._api.call(_base.get_template(name)))
+
+
+class AsyncSandlot:
+    """A connection to a sandlot server: URL, API key and a pool of HTTP connections.
+
+    `api_url`/`api_key` default to env ``SANDLOT_URL`` (else ``http://127.0.0.1:7070``) and
+    ``SANDLOT_API_KEY``. Pass `transport` (e.g. ``httpx.ASGITransport(app)``) to talk to a
+    server in process. `request_timeout` is the HTTP timeout of ordinary calls (not of commands,
+    whose HTTP timeout follows their own `timeout`).
+
+        async with AsyncSandlot() as client:
+            sbx = await client.sandboxes.create()
+    """
+
+    def __init__(self, api_url: str | None = None, api_key: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 request_timeout: float | httpx.Timeout | None = None) -> None:
+        self._api = AsyncAPI(api_url, api_key, transport=transport,
+                             request_timeout=request_timeout)
+        self.sandboxes = AsyncSandboxes(self._api)
+        self.snapshots = AsyncSnapshots(self._api)
+        self.templates = AsyncTemplates(self._api)
+
+    @property
+    def api_url(self) -> str:
+        """The server's base URL."""
+        return self._api.api_url
+
+    def __repr__(self) -> str:
+        return f"AsyncSandlot(api_url={self.api_url!r})"
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health``: ``{"status": "ok", "version": ...}``."""
+        return await self._api.call(_base.health())
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (sandboxes made with this client reopen them if used)."""
+        await self._api.aclose()
+
+    async def __aenter__(self) -> AsyncSandlot:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

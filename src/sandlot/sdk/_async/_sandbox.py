@@ -1,0 +1,307 @@
+"""Sandboxes and snapshots (async)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sandlot.errors import NotFoundError, SandlotError
+
+from .. import _base
+from .._models import SandboxInfo, SnapshotInfo, parse_list
+from ._commands import AsyncCommands
+from ._files import AsyncFiles
+from ._http import AsyncAPI
+
+
+class AsyncForkList(list["AsyncSandbox"]):
+    """The children of a fork. `errors` holds one error per child that failed to start."""
+
+    def __init__(self, children: list[AsyncSandbox], errors: list[SandlotError]) -> None:
+        super().__init__(children)
+        self.errors = errors
+
+
+class AsyncSandbox:
+    """A running microVM sandbox.
+
+    Create one with ``await AsyncSandbox.create()`` (or ``await client.sandboxes.create()``)::
+
+        async with await AsyncSandbox.create() as sbx:
+            result = await sbx.commands.run("echo hi")
+
+    Leaving the ``async with`` block kills the sandbox.
+    """
+
+    def __init__(self, api: AsyncAPI, info: SandboxInfo, *, owns_api: bool = False) -> None:
+        self._api = api
+        self._info = info
+        self._owns_api = owns_api
+        self.sandbox_id = info.sandbox_id
+        self.commands = AsyncCommands(api, info.sandbox_id)
+        self.files = AsyncFiles(api, info.sandbox_id)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(sandbox_id={self.sandbox_id!r})"
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last `SandboxInfo` the server sent (see `get_info` for a fresh one)."""
+        return self._info
+
+    def _child(self, info: SandboxInfo) -> AsyncSandbox:
+        return AsyncSandbox(self._api, info, owns_api=self._owns_api)
+
+    @classmethod
+    async def create(cls, template: str = "base", *, snapshot_id: str | None = None,
+                     memory_mb: int | None = None, cpus: int | None = None,
+                     env: dict[str, str] | None = None, timeout: int | None = 300,
+                     metadata: dict[str, str] | None = None, internet: bool = True,
+                     network: Any = None, api_url: str | None = None,
+                     api_key: str | None = None) -> AsyncSandbox:
+        """Start a sandbox from `template`, or restore one from `snapshot_id`.
+
+        `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
+        `timeout` seconds after creation unless extended with `set_timeout`. The server is
+        `api_url`/`api_key`, defaulting to env ``SANDLOT_URL``/``SANDLOT_API_KEY``.
+        """
+        api = AsyncAPI(api_url, api_key)
+        try:
+            data = await api.call(_base.create_sandbox(
+                template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
+                timeout=timeout, metadata=metadata, internet=internet, network=network))
+        except BaseException:
+            await api.aclose()
+            raise
+        return cls(api, SandboxInfo.model_validate(data), owns_api=True)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, api_url: str | None = None,
+                      api_key: str | None = None) -> AsyncSandbox:
+        """Attach to an existing sandbox; raises `NotFoundError` if it is unknown or gone."""
+        api = AsyncAPI(api_url, api_key)
+        try:
+            data = await api.call(_base.get_sandbox(sandbox_id))
+        except BaseException:
+            await api.aclose()
+            raise
+        return cls(api, SandboxInfo.model_validate(data), owns_api=True)
+
+    @classmethod
+    async def list(cls, metadata: dict[str, str] | None = None, *, api_url: str | None = None,
+                   api_key: str | None = None) -> list[SandboxInfo]:
+        """Running sandboxes whose metadata contains all of `metadata`."""
+        api = AsyncAPI(api_url, api_key)
+        try:
+            data = await api.call(_base.list_sandboxes(metadata))
+        finally:
+            await api.aclose()
+        return parse_list(SandboxInfo, data, "sandboxes")
+
+    async def get_info(self) -> SandboxInfo:
+        """Fetch the sandbox's current `SandboxInfo`."""
+        self._info = SandboxInfo.model_validate(
+            await self._api.call(_base.get_sandbox(self.sandbox_id)))
+        return self._info
+
+    async def is_running(self) -> bool:
+        """True if the sandbox exists and is in state ``running``."""
+        try:
+            info = await self.get_info()
+        except NotFoundError:
+            return False
+        return info.state == "running"
+
+    async def set_timeout(self, seconds: int) -> None:
+        """Kill the sandbox `seconds` from now instead of at its current deadline."""
+        self._info = SandboxInfo.model_validate(
+            await self._api.call(_base.set_timeout(self.sandbox_id, seconds)))
+
+    async def kill(self) -> bool:
+        """Stop the sandbox. True if this call killed it, False if it was already gone."""
+        try:
+            await self._api.call(_base.kill_sandbox(self.sandbox_id))
+        except NotFoundError:
+            return False
+        return True
+
+    async def destroy(self) -> bool:
+        """Alias of `kill`."""
+        return await self.kill()
+
+    async def aclose(self) -> None:
+        """Release this object's HTTP connections (the sandbox keeps running)."""
+        if self._owns_api:
+            await self._api.aclose()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self.kill()
+        finally:
+            await self.aclose()
+
+    async def create_snapshot(self, name: str | None = None) -> AsyncSnapshot:
+        """Start snapshotting the sandbox; returns at once with the snapshot ``creating``.
+
+        The sandbox keeps running. Call `AsyncSnapshot.wait` to wait until it is ``ready``.
+        """
+        data = await self._api.call(_base.create_snapshot(self.sandbox_id, name))
+        return AsyncSnapshot(self._api, SnapshotInfo.model_validate(data))
+
+    async def snapshot(self, name: str | None = None) -> AsyncSnapshot:
+        """Alias of `create_snapshot`."""
+        return await self.create_snapshot(name)
+
+    async def fork(self, count: int = 1) -> AsyncForkList:
+        """Start `count` new sandboxes from this one's current state.
+
+        Each child succeeds or fails on its own: the list holds the children that started and
+        its `errors` attribute the failures. If every child failed, the first error is raised.
+        """
+        data = await self._api.call(_base.fork_sandbox(self.sandbox_id, count))
+        infos, errors = _base.parse_fork(data)
+        _base.check_fork(infos, errors)
+        return AsyncForkList([self._child(info) for info in infos], errors)
+
+    async def rollback(self, snapshot: AsyncSnapshot | SnapshotInfo | str) -> AsyncSandbox:
+        """Reset this sandbox to `snapshot` (object, id or name); keeps the same sandbox_id."""
+        req = _base.rollback_sandbox(self.sandbox_id, _base.snapshot_ref(snapshot))
+        self._info = SandboxInfo.model_validate(await self._api.call(req))
+        return self
+
+
+class AsyncSnapshot:
+    """A snapshot of a sandbox: memory, devices and disk, restorable into new sandboxes."""
+
+    def __init__(self, api: AsyncAPI, info: SnapshotInfo, *, owns_api: bool = False) -> None:
+        self._api = api
+        self._info = info
+        self._owns_api = owns_api
+
+    def __repr__(self) -> str:
+        return (f"AsyncSnapshot(snapshot_id={self.snapshot_id!r}, name={self.name!r}, "
+                f"state={self.state!r})")
+
+    @property
+    def info(self) -> SnapshotInfo:
+        """The last `SnapshotInfo` the server sent (see `refresh`)."""
+        return self._info
+
+    @property
+    def snapshot_id(self) -> str:
+        """The snapshot's id (``snap-...``)."""
+        return self._info.snapshot_id
+
+    @property
+    def name(self) -> str | None:
+        """The snapshot's name, if it has one."""
+        return self._info.name
+
+    @property
+    def state(self) -> str:
+        """``creating``, ``uploading``, ``ready``, ``failed`` or ``deleted`` (as last seen)."""
+        return self._info.state
+
+    @property
+    def error(self) -> str | None:
+        """Why the snapshot failed, if it did."""
+        return self._info.error
+
+    @classmethod
+    async def get(cls, name_or_id: str, *, api_url: str | None = None,
+                  api_key: str | None = None) -> AsyncSnapshot:
+        """Look a snapshot up by id or name; raises `NotFoundError` if there is none."""
+        api = AsyncAPI(api_url, api_key)
+        try:
+            data = await api.call(_base.get_snapshot(name_or_id))
+        except BaseException:
+            await api.aclose()
+            raise
+        return cls(api, SnapshotInfo.model_validate(data), owns_api=True)
+
+    @classmethod
+    async def list(cls, *, sandbox_id: str | None = None, api_url: str | None = None,
+                   api_key: str | None = None) -> list[SnapshotInfo]:
+        """All snapshots that are not deleted, optionally only those of `sandbox_id`."""
+        api = AsyncAPI(api_url, api_key)
+        try:
+            data = await api.call(_base.list_snapshots(sandbox_id))
+        finally:
+            await api.aclose()
+        return parse_list(SnapshotInfo, data, "snapshots")
+
+    @classmethod
+    async def delete(cls, name_or_id: str, *, api_url: str | None = None,
+                     api_key: str | None = None) -> bool:
+        """Delete the snapshot with this id or name; False if there was none.
+
+        To delete a snapshot object you hold, call its `remove` method.
+        """
+        api = AsyncAPI(api_url, api_key)
+        try:
+            return await _delete_snapshot(api, name_or_id)
+        finally:
+            await api.aclose()
+
+    async def refresh(self) -> AsyncSnapshot:
+        """Fetch the snapshot's current state; returns self."""
+        self._info = SnapshotInfo.model_validate(
+            await self._api.call(_base.get_snapshot(self.snapshot_id)))
+        return self
+
+    async def wait(self, timeout: float | None = 120) -> AsyncSnapshot:
+        """Poll until the snapshot is ``ready``; returns self.
+
+        Raises `SnapshotFailedError` if it fails (or is deleted) and `WaitTimeoutError` after
+        `timeout` seconds (None: wait forever).
+        """
+        deadline = _base.wait_deadline(timeout)
+        while not _base.snapshot_done(self._info):
+            await asyncio.sleep(_base.check_wait(self._info, deadline, timeout))
+            await self.refresh()
+        return self
+
+    async def restore(self, name: str | None = None) -> AsyncSandbox:
+        """Start a new sandbox from this snapshot with the snapshot's settings."""
+        return await self.restore_with(name)
+
+    async def restore_with(self, name: str | None = None, memory_mb: int | None = None,
+                           cpus: int | None = None, env: dict[str, str] | None = None,
+                           timeout: int | None = None, metadata: dict[str, str] | None = None,
+                           internet: bool = True) -> AsyncSandbox:
+        """Start a new sandbox from this snapshot, overriding some of its settings.
+
+        `memory_mb` may only grow the snapshot's memory; `env` is merged into the environment
+        of later commands; `timeout` is the new sandbox's lifetime in seconds.
+        """
+        req = _base.restore_snapshot(self.snapshot_id, name=name, memory_mb=memory_mb,
+                                     cpus=cpus, env=env, timeout=timeout, metadata=metadata,
+                                     internet=internet)
+        data = await self._api.call(req)
+        return AsyncSandbox(self._api, SandboxInfo.model_validate(data), owns_api=self._owns_api)
+
+    async def save_named(self, name: str) -> AsyncSnapshot:
+        """Give the snapshot `name` (raises `ConflictError` if taken); returns self."""
+        self._info = SnapshotInfo.model_validate(
+            await self._api.call(_base.rename_snapshot(self.snapshot_id, name)))
+        return self
+
+    async def remove(self) -> bool:
+        """Delete this snapshot; False if it was already gone."""
+        return await _delete_snapshot(self._api, self.snapshot_id)
+
+    async def aclose(self) -> None:
+        """Release this object's HTTP connections."""
+        if self._owns_api:
+            await self._api.aclose()
+
+
+async def _delete_snapshot(api: AsyncAPI, name_or_id: str) -> bool:
+    try:
+        await api.call(_base.delete_snapshot(name_or_id))
+    except NotFoundError:
+        return False
+    return True
