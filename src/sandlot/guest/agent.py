@@ -77,7 +77,7 @@ class Channel:
 class Proc:
     """A process started by exec, with its buffered output and its subscribers."""
 
-    def __init__(self, agent: "Agent", popen: subprocess.Popen, cmd: str, user: str) -> None:
+    def __init__(self, agent: Agent, popen: subprocess.Popen, cmd: str, user: str) -> None:
         self.agent = agent
         self.popen = popen
         self.pid = popen.pid

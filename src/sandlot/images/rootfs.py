@@ -44,7 +44,7 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
     hooks = [
         _hook(f'{chroot} useradd -m -s /bin/bash -G sudo user'),
-        _hook(f'echo "user ALL=(ALL) NOPASSWD:ALL" > "$1/etc/sudoers.d/user"'),
+        _hook('echo "user ALL=(ALL) NOPASSWD:ALL" > "$1/etc/sudoers.d/user"'),
         _hook('mkdir -p "$1/opt/sandlot" "$1/lib/modules" "$1/run/sandlot"'),
         _hook(f'cp -a {shlex.quote(str(kernel.modules))} "$1/lib/modules/{kernel.version}"'),
         _hook(f'{chroot} depmod {kernel.version}'),

@@ -53,7 +53,7 @@ class TemplateSpec(BaseModel):
         return v
 
     @classmethod
-    def load(cls, path: Path) -> "TemplateSpec":
+    def load(cls, path: Path) -> TemplateSpec:
         """Load a spec from TOML; relative host paths in `files` resolve against its folder."""
         try:
             data = tomllib.loads(path.read_text())

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from qemu.qmp import QMPClient, QMPError
@@ -45,6 +46,8 @@ class MachineSpec:
     accel: str = "tcg"
     ram_path: Path | None = None  # None: anonymous RAM (cold boot)
     ram_share: bool = False
+    dimm_mb: int = 0  # hotplugged memory: one pc-dimm
+    dimm_path: Path | None = None  # None: anonymous RAM
     incoming: bool = False
     netdev: str = "user,id=net0,restrict=on"
     exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-...")
@@ -52,6 +55,25 @@ class MachineSpec:
 
     def with_(self, **changes) -> MachineSpec:
         return replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                           for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> MachineSpec:
+        data = json.loads(text)
+        for key in ("run_dir", "kernel", "initrd", "disk", "ram_path", "dimm_path"):
+            if data.get(key) is not None:
+                data[key] = Path(data[key])
+        for key in ("exec_prefix", "extra"):
+            data[key] = tuple(data.get(key) or ())
+        return cls(**data)
+
+    def save(self) -> None:
+        tmp = self.run_dir / "machine.json.tmp"
+        tmp.write_text(self.to_json())
+        tmp.replace(self.run_dir / "machine.json")
 
     @property
     def qmp_socket(self) -> Path:
@@ -92,11 +114,25 @@ class MachineSpec:
             "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile=",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.run_dir / "qemu.pid"),
+            *self.dimm_args(),
             *self.extra,
         ]
         if self.incoming:
             cmd += ["-S", "-incoming", "defer"]
         return cmd
+
+
+    def dimm_args(self) -> list[str]:
+        if not self.dimm_mb:
+            return []
+        size = f"{self.dimm_mb}M"
+        if self.dimm_path is None:
+            backend = f"memory-backend-ram,id=dimm0,size={size}"
+        else:
+            share = "on" if self.ram_share else "off"
+            backend = (f"memory-backend-file,id=dimm0,size={size},mem-path={self.dimm_path},"
+                       f"share={share}")
+        return ["-object", backend, "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
 
 
 class Machine:
@@ -108,6 +144,7 @@ class Machine:
         self._proc = proc
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
+        self.top_node = "disk0"
 
     @classmethod
     async def launch(cls, spec: MachineSpec, timeout: float = 30.0) -> Machine:
@@ -136,9 +173,23 @@ class Machine:
 
     @classmethod
     async def adopt(cls, spec: MachineSpec, pid: int, timeout: float = 5.0) -> Machine:
-        """Re-attach to a QEMU left running by an earlier server process."""
+        """Re-attach to a QEMU left running by an earlier server process.
+
+        Learns the current top disk node from QEMU (a snapshot may have moved it), and resumes
+        a VM an interrupted snapshot left paused.
+        """
         machine = cls(spec, pid, None)
         await machine._connect_qmp(timeout)
+        for dev in await machine.execute("query-block"):
+            inserted = dev.get("inserted") or {}
+            if inserted.get("node-name"):
+                machine.top_node = inserted["node-name"]
+                machine.spec = machine.spec.with_(disk=Path(inserted["file"]))
+        status = await machine.status()
+        if status != "running":
+            with contextlib.suppress(VmmError):
+                await machine.execute("migrate_cancel")
+            await machine.execute("cont")
         return machine
 
     async def _connect_qmp(self, timeout: float) -> None:

@@ -65,6 +65,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     holder_spec = source.spec.with_(
         run_dir=holder_dir, disk=holder_disk, ram_path=ram, ram_share=True, incoming=True,
         netdev="user,id=net0,restrict=on", exec_prefix=(),
+        dimm_path=out_dir / "ram.dimm" if source.spec.dimm_mb else None,
     )
     holder = await Machine.launch(holder_spec)
     paused_at = resumed_at = 0.0
@@ -82,11 +83,12 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             await source.wait_migration(("pre-switchover",), timeout=300)
             paused_at = time.monotonic()
             await source.execute("blockdev-snapshot-sync", {
-                "node-name": source_top_node(source), "snapshot-file": str(new_overlay),
+                "node-name": source.top_node, "snapshot-file": str(new_overlay),
                 "snapshot-node-name": node_name, "format": "qcow2",
             })
             source.top_node = node_name
             source.spec = source.spec.with_(disk=new_overlay)
+            source.spec.save()
             await source.execute("migrate-continue", {"state": "pre-switchover"})
             await source.wait_migration(("completed",), timeout=60)
         except BaseException:
@@ -109,13 +111,11 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
         await holder.kill()
         shutil.rmtree(holder_dir, ignore_errors=True)
     await punch_zero_pages(ram)
+    if holder_spec.dimm_path is not None:
+        await punch_zero_pages(holder_spec.dimm_path)
     return CaptureResult(ram=ram, devstate=devstate, disk=frozen_disk,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000)
-
-
-def source_top_node(machine: Machine) -> str:
-    return getattr(machine, "top_node", None) or "disk0"
 
 
 async def punch_zero_pages(path: Path) -> None:

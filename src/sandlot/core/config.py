@@ -1,0 +1,65 @@
+"""Where sandlot keeps things, and the knobs the server runs with."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandlot.vmm.accel import detect_accel
+
+DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("SANDLOT_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Paths and defaults. `images_dir` may be shared by several data dirs (tests do this)."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    images_dir: Path | None = None
+    run_root: Path = Path("/run/sandlot")
+    shm_root: Path = Path("/dev/shm/sandlot")
+    accel: str = field(default_factory=detect_accel)
+    default_timeout: int = 300
+    max_timeout: int = 24 * 3600
+    reap_interval: float = 1.0
+
+    @classmethod
+    def from_env(cls, data_dir: Path | str | None = None) -> Settings:
+        data = Path(data_dir) if data_dir else default_data_dir()
+        images = os.environ.get("SANDLOT_IMAGES_DIR")
+        tag = os.environ.get("SANDLOT_INSTANCE", "")
+        run_root = Path("/run/sandlot" + (f"-{tag}" if tag else ""))
+        shm_root = Path("/dev/shm/sandlot" + (f"-{tag}" if tag else ""))
+        return cls(data_dir=data, images_dir=Path(images) if images else None,
+                   run_root=run_root, shm_root=shm_root)
+
+    @property
+    def images(self) -> Path:
+        return self.images_dir or (self.data_dir / "images")
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "sandlot.db"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.data_dir / "store"
+
+    @property
+    def disks_dir(self) -> Path:
+        return self.data_dir / "disks"
+
+    @property
+    def hot_dir(self) -> Path:
+        """Uncompressed snapshot files restores map: RAM must be on tmpfs to share pages."""
+        return self.shm_root / "hot"
+
+    def ensure(self) -> None:
+        for d in (self.data_dir, self.images, self.store_dir, self.disks_dir, self.run_root,
+                  self.hot_dir):
+            d.mkdir(parents=True, exist_ok=True)

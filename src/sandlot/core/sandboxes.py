@@ -1,0 +1,428 @@
+"""Sandboxes: create (always a restore), exec, files, fork, rollback, time-to-live, kill."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+from sandlot.core.config import Settings
+from sandlot.core.models import (
+    CreateSandbox,
+    ExecRequest,
+    SandboxRecord,
+    SandboxState,
+    now,
+    to_doc,
+    transition,
+)
+from sandlot.core.runtime import LiveSandbox, new_generation
+from sandlot.core.snapshots import SnapshotManager
+from sandlot.core.sources import HotCache, Source
+from sandlot.core.store import MetadataStore
+from sandlot.core.templates import TemplateStore
+from sandlot.errors import (
+    CommandTimeoutError,
+    InvalidArgumentError,
+    NotFoundError,
+    SandlotError,
+    VmmError,
+)
+from sandlot.guest.client import AgentClient
+from sandlot.vmm import hotplug
+from sandlot.vmm import snapshot as vmm_snapshot
+from sandlot.vmm.disk import create_overlay
+from sandlot.vmm.machine import MAX_CPUS, MachineSpec
+
+log = logging.getLogger(__name__)
+MAX_FORK = 64
+PARALLEL_RESTORES = 8
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + secrets.token_hex(5)
+
+
+def _exit_code(code: int | None) -> int:
+    if code is None:
+        return -1
+    return 128 - code if code < 0 else code
+
+
+class SandboxManager:
+    def __init__(self, settings: Settings, db: MetadataStore, hot: HotCache,
+                 templates: TemplateStore, snapshots: SnapshotManager, network=None) -> None:
+        self.settings = settings
+        self.db = db
+        self.hot = hot
+        self.templates = templates
+        self.snapshots = snapshots
+        self.network = network
+        self.live: dict[str, LiveSandbox] = {}
+        self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
+        snapshots.in_use = self._source_in_use
+        snapshots.on_sandbox_changed = lambda live: self._save(live.record)
+
+    # ---- records --------------------------------------------------------------------------
+
+    def _save(self, rec: SandboxRecord) -> None:
+        self.db.put_sandbox(rec.sandbox_id, rec.state.value, to_doc(rec))
+
+    def _source_in_use(self, key: str) -> bool:
+        return any(lv.record.source_key == key for lv in self.live.values())
+
+    def get_live(self, sandbox_id: str) -> LiveSandbox:
+        live = self.live.get(sandbox_id)
+        if live is None:
+            rec = self.db.get_sandbox(sandbox_id)
+            if rec is None:
+                raise NotFoundError(f"sandbox {sandbox_id!r} not found")
+            raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
+                                f"(state: {rec.get('state')})")
+        return live
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        live = self.live.get(sandbox_id)
+        if live is not None:
+            return live.record
+        doc = self.db.get_sandbox(sandbox_id)
+        if doc is None:
+            raise NotFoundError(f"sandbox {sandbox_id!r} not found")
+        return SandboxRecord.model_validate(doc)
+
+    def list(self, metadata: dict[str, str] | None = None, all: bool = False) -> list[SandboxRecord]:
+        if all:
+            recs = [SandboxRecord.model_validate(d) for d in self.db.sandboxes()]
+        else:
+            recs = [lv.record for lv in self.live.values()]
+        if metadata:
+            recs = [r for r in recs if all_items_in(metadata, r.metadata)]
+        return sorted(recs, key=lambda r: r.created_at)
+
+    # ---- create / restore -----------------------------------------------------------------
+
+    def resolve_source(self, req: CreateSandbox) -> Source:
+        if req.snapshot_id:
+            return self.snapshots.source(req.snapshot_id)
+        return self.templates.source(req.template or "base")
+
+    async def create(self, req: CreateSandbox) -> SandboxRecord:
+        """A new sandbox from a template or a snapshot (a restore either way, never a boot)."""
+        if req.template and req.snapshot_id:
+            raise InvalidArgumentError("give either template or snapshot_id, not both")
+        source = self.resolve_source(req)
+        rec = self._new_record(source, req)
+        await self._start(rec, source)
+        return rec
+
+    def _new_record(self, source: Source, req: CreateSandbox) -> SandboxRecord:
+        memory = req.memory_mb or (source.memory_mb + source.dimm_mb)
+        cpus = req.cpus or source.cpus
+        extra = hotplug.check_overrides(source.memory_mb, source.dimm_mb, source.cpus, memory,
+                                        cpus)
+        timeout = self.settings.default_timeout if req.timeout is None else req.timeout
+        created = now()
+        return SandboxRecord(
+            sandbox_id=new_sandbox_id(), template=source.template,
+            snapshot_id=source.snapshot_id, memory_mb=memory, cpus=cpus,
+            env={**source.env, **(req.env or {})}, metadata=dict(req.metadata or {}),
+            created_at=created, timeout=timeout,
+            expires_at=created + timedelta(seconds=timeout) if timeout else None,
+            internet=req.internet, network=req.network, generation=new_generation(),
+            source_key=source.key, base=source.build.name, workdir=source.workdir,
+            hotplug_mb=extra,
+        )
+
+    async def _start(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
+        """Restore `source` into the sandbox `rec` describes, and register it as live."""
+        self._save(rec)
+        run_dir = self.settings.run_root / rec.sandbox_id
+        disk_dir = self.settings.disks_dir / rec.sandbox_id
+        machine = None
+        net = None
+        try:
+            async with self._restore_slots:
+                hot = await self.hot.ensure(source)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                disk_dir.mkdir(parents=True, exist_ok=True)
+                disk = disk_dir / f"disk-{rec.disk_index}.qcow2"
+                await create_overlay(disk, hot["disk"], "qcow2", source.rootfs.stat().st_size)
+                spec = MachineSpec(
+                    run_dir=run_dir, kernel=source.kernel, initrd=source.initrd, disk=disk,
+                    memory_mb=source.memory_mb, cpus=source.cpus, accel=self.settings.accel,
+                    ram_path=hot["ram"], ram_share=False,
+                    dimm_mb=source.dimm_mb, dimm_path=hot.get("dimm"),
+                )
+                if self.network is not None:
+                    net = await self.network.attach(rec)
+                    spec = spec.with_(netdev=net.qemu_netdev(),
+                                      exec_prefix=tuple(net.netns_exec_prefix()))
+                machine = await vmm_snapshot.restore(spec, hot["devstate"])
+                await hotplug.apply(machine, rec.hotplug_mb, source.cpus, rec.cpus)
+                machine.spec.save()
+                await machine.execute("cont")
+            agent = await AgentClient.connect(str(spec.agent_socket), timeout=30)
+            await agent.configure(env=rec.env, generation=rec.generation, reseed=True,
+                                  online_cpus=rec.cpus != source.cpus)
+        except BaseException as e:
+            if machine is not None:
+                await machine.kill()
+            if net is not None:
+                with contextlib.suppress(Exception):
+                    await self.network.detach(rec.sandbox_id)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(disk_dir, ignore_errors=True)
+            rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
+            with contextlib.suppress(SandlotError):
+                transition(rec, SandboxState.FAILED)
+                self._save(rec)
+            if isinstance(e, SandlotError) or not isinstance(e, Exception):
+                raise
+            raise VmmError(f"sandbox failed to start: {rec.error}") from e
+        rec.pid = machine.pid
+        transition(rec, SandboxState.RUNNING)
+        live = LiveSandbox(record=rec, machine=machine, agent=agent, run_dir=run_dir,
+                           disk_dir=disk_dir, network=net)
+        self.live[rec.sandbox_id] = live
+        self._save(rec)
+        return live
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def kill(self, sandbox_id: str) -> None:
+        live = self.live.pop(sandbox_id, None)
+        if live is None:
+            self.get_live(sandbox_id)  # raises the right NotFoundError
+            return
+        await self._teardown(live, SandboxState.STOPPED)
+
+    async def _teardown(self, live: LiveSandbox, state: SandboxState) -> None:
+        self.live.pop(live.sandbox_id, None)
+        await live.shutdown()
+        if self.network is not None:
+            with contextlib.suppress(Exception):
+                await self.network.detach(live.sandbox_id)
+        shutil.rmtree(live.run_dir, ignore_errors=True)
+        shutil.rmtree(live.disk_dir, ignore_errors=True)
+        rec = live.record
+        rec.pid = None
+        transition(rec, state)
+        self._save(rec)
+        self.snapshots.release(rec.source_key)
+
+    def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
+        if timeout < 0 or timeout > self.settings.max_timeout:
+            raise InvalidArgumentError(
+                f"timeout must be between 0 and {self.settings.max_timeout} seconds")
+        rec = self.get_live(sandbox_id).record
+        rec.timeout = timeout
+        rec.expires_at = now() + timedelta(seconds=timeout) if timeout else None
+        self._save(rec)
+        return rec
+
+    async def reap_expired(self) -> list[str]:
+        t = now()
+        expired = [lv for lv in self.live.values()
+                   if lv.record.expires_at is not None and lv.record.expires_at <= t]
+        dead = [lv for lv in self.live.values() if lv.machine.exited and lv not in expired]
+        for live in expired:
+            log.info("sandbox %s reached its timeout", live.sandbox_id)
+            await self._teardown(live, SandboxState.STOPPED)
+        for live in dead:
+            log.warning("sandbox %s: QEMU exited on its own: %s", live.sandbox_id,
+                        live.machine.log_tail(300))
+            live.record.error = "the VM exited unexpectedly"
+            await self._teardown(live, SandboxState.FAILED)
+        return [lv.sandbox_id for lv in expired + dead]
+
+    # ---- snapshots, fork, rollback --------------------------------------------------------
+
+    def snapshot(self, sandbox_id: str, name: str | None = None):
+        live = self.get_live(sandbox_id)
+        rec = self.snapshots.begin(live, name)
+        self.snapshots.run_in_background(live, rec)
+        return rec
+
+    async def fork(self, sandbox_id: str, count: int) -> list[SandboxRecord | SandlotError]:
+        """`count` children of the sandbox's current state; each succeeds or fails alone."""
+        if not 1 <= count <= MAX_FORK:
+            raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
+        live = self.get_live(sandbox_id)
+        snap = self.snapshots.begin(live, None, internal=True)
+        await self.snapshots.capture(live, snap)
+        self.snapshots.finish_internal(snap)
+        source = self.snapshots.source_of(snap)
+        parent = live.record
+        req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
+                            timeout=parent.timeout, metadata=parent.metadata,
+                            internet=parent.internet, network=parent.network)
+
+        async def child() -> SandboxRecord:
+            rec = self._new_record(source, req)
+            rec.template = parent.template
+            await self._start(rec, source)
+            return rec
+
+        results = await asyncio.gather(*(child() for _ in range(count)), return_exceptions=True)
+        out: list[SandboxRecord | SandlotError] = []
+        for r in results:
+            if isinstance(r, SandlotError | SandboxRecord):
+                out.append(r)
+            elif isinstance(r, Exception):
+                out.append(VmmError(f"{type(r).__name__}: {r}"))
+            else:
+                raise r
+        self.snapshots.release(snap.snapshot_id)
+        return out
+
+    async def rollback(self, sandbox_id: str, snapshot: str) -> SandboxRecord:
+        """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
+        live = self.get_live(sandbox_id)
+        source = self.snapshots.source(snapshot)
+        await self.hot.ensure(source)
+        async with live.lock:
+            self.live.pop(sandbox_id, None)
+            await live.shutdown()
+            if self.network is not None:
+                with contextlib.suppress(Exception):
+                    await self.network.detach(sandbox_id)
+            shutil.rmtree(live.disk_dir, ignore_errors=True)
+            old_key = live.record.source_key
+            rec = live.record
+            transition(rec, SandboxState.STARTING)
+            rec.snapshot_id = source.snapshot_id
+            rec.source_key = source.key
+            rec.base = source.build.name
+            rec.memory_mb, rec.cpus = source.memory_mb + source.dimm_mb, source.cpus
+            rec.hotplug_mb = 0
+            rec.env = {**source.env, **{k: v for k, v in rec.env.items()
+                                        if k not in source.env}}
+            rec.generation = new_generation()
+            rec.disk_index = 0
+            await self._start(rec, source)
+        self.snapshots.release(old_key)
+        return rec
+
+    # ---- commands -------------------------------------------------------------------------
+
+    def _exec_fields(self, live: LiveSandbox, req: ExecRequest) -> dict:
+        return {
+            "cmd": req.cmd, "env": req.env or {}, "cwd": req.cwd or live.record.workdir,
+            "user": req.user, "timeout": req.timeout or None, "stdin": req.stdin is not None,
+        }
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[dict]:
+        """Run a command; yields start, stdout/stderr (bytes), then exit events.
+
+        A timeout kills the whole process group and raises CommandTimeoutError (after the
+        output that came before it).
+        """
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        payload = req.stdin.encode() if req.stdin else b""
+        async for header, data in agent.stream("exec", payload, stream=True,
+                                               **self._exec_fields(live, req)):
+            event = header.get("event")
+            if event == "start":
+                yield {"type": "start", "pid": header["pid"]}
+            elif event in ("stdout", "stderr"):
+                yield {"type": event, "data": data}
+            elif event == "exit":
+                if header.get("timed_out"):
+                    raise CommandTimeoutError(
+                        f"command timed out after {req.timeout}s; its process group was killed")
+                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
+
+    async def start_background(self, sandbox_id: str, req: ExecRequest) -> int:
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        payload = req.stdin.encode() if req.stdin else b""
+        fields = self._exec_fields(live, req) | {"stream": False, "keep_stdin": req.stdin is None}
+        reply = await agent.request("exec", payload, **fields)
+        return int(reply["pid"])
+
+    async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[dict]:
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        async for header, data in agent.stream("attach", pid=pid, replay=True):
+            event = header.get("event")
+            if event in ("stdout", "stderr"):
+                yield {"type": event, "data": data}
+            elif event == "exit":
+                if header.get("timed_out"):
+                    raise CommandTimeoutError(f"process {pid} timed out and was killed")
+                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
+
+    async def agent_call(self, sandbox_id: str, op: str, payload: bytes = b"", **fields) -> dict:
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        return await agent.request(op, payload, **fields)
+
+    # ---- files ----------------------------------------------------------------------------
+
+    async def read_file(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
+        """Open a guest file for streaming: (size, chunks). Errors raise before any byte."""
+        check_path(path)
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        events = agent.stream("read", path=path)
+        header, _ = await anext(events)
+        size = int(header.get("size", 0))
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for h, data in events:
+                    if h.get("event") == "data":
+                        yield data
+            finally:
+                await events.aclose()
+
+        return size, chunks()
+
+    async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
+                         user: str | None = None) -> dict:
+        check_path(path)
+        live = self.get_live(sandbox_id)
+        agent = await live.session()
+        reply = await agent.upload(path, chunks, user=user)
+        return strip_reply(reply)
+
+    async def file_op(self, sandbox_id: str, op: str, **fields) -> dict:
+        for key in ("path", "src", "dst"):
+            if key in fields:
+                check_path(fields[key])
+        return strip_reply(await self.agent_call(sandbox_id, op, **fields))
+
+    # ---- shutdown -------------------------------------------------------------------------
+
+    async def close(self, kill: bool) -> None:
+        """Disconnect from every sandbox; `kill` also stops their VMs."""
+        for live in list(self.live.values()):
+            if kill:
+                await self._teardown(live, SandboxState.STOPPED)
+            else:
+                with contextlib.suppress(Exception):
+                    await live.agent.close()
+                with contextlib.suppress(Exception):
+                    await live.machine.qmp.disconnect()
+        self.live.clear()
+
+
+def check_path(path: str) -> None:
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise InvalidArgumentError(f"path must be absolute, got {path!r}")
+
+
+def strip_reply(reply: dict) -> dict:
+    return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+
+def all_items_in(wanted: dict[str, str], have: dict[str, str]) -> bool:
+    return all(have.get(k) == v for k, v in wanted.items())
+
+
+__all__ = ["SandboxManager", "MAX_CPUS"]

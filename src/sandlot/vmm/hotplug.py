@@ -1,0 +1,58 @@
+"""Memory and CPU changes on restore: one pc-dimm for extra memory, CPU hotplug for more CPUs.
+
+Checked before anything starts; applied while the restored VM is still paused. The guest onlines
+hotplugged memory by itself (``memhp_default_state=online``) and CPUs when the agent is told to.
+"""
+
+from __future__ import annotations
+
+from sandlot.errors import InvalidArgumentError
+from sandlot.vmm.machine import MAX_CPUS, MAX_MEM_MB, Machine
+
+MEMORY_BLOCK_MB = 128  # x86-64 Linux onlines memory in 128 MiB blocks
+
+
+def check_overrides(base_mb: int, base_dimm_mb: int, base_cpus: int, memory_mb: int,
+                    cpus: int) -> int:
+    """Validate a restore's memory/CPU request; returns the extra memory (MiB) to hotplug."""
+    have = base_mb + base_dimm_mb
+    if memory_mb < have:
+        raise InvalidArgumentError(
+            f"memory_mb={memory_mb} is below the snapshot's {have} MiB; memory can grow on "
+            "restore but not shrink")
+    if cpus < base_cpus:
+        raise InvalidArgumentError(
+            f"cpus={cpus} is below the snapshot's {base_cpus}; CPUs can be added on restore, "
+            "not removed")
+    if cpus > MAX_CPUS:
+        raise InvalidArgumentError(f"cpus={cpus} is above the maximum of {MAX_CPUS}")
+    if memory_mb > MAX_MEM_MB:
+        raise InvalidArgumentError(f"memory_mb={memory_mb} is above the maximum of {MAX_MEM_MB}")
+    extra = memory_mb - have
+    if extra and base_dimm_mb:
+        raise InvalidArgumentError(
+            "this snapshot already has hotplugged memory; restore it with the same memory_mb "
+            f"({have})")
+    if extra % MEMORY_BLOCK_MB:
+        raise InvalidArgumentError(
+            f"memory can grow in steps of {MEMORY_BLOCK_MB} MiB: ask for {have} + a multiple "
+            f"of {MEMORY_BLOCK_MB}")
+    return extra
+
+
+async def apply(machine: Machine, extra_mb: int, base_cpus: int, cpus: int) -> None:
+    """Hotplug `extra_mb` of memory and CPUs up to `cpus` into a paused, restored machine."""
+    if extra_mb:
+        await machine.execute("object-add", {"qom-type": "memory-backend-ram", "id": "dimm0",
+                                             "size": extra_mb << 20})
+        await machine.execute("device_add", {"driver": "pc-dimm", "id": "pcdimm0",
+                                             "memdev": "dimm0"})
+        machine.spec = machine.spec.with_(dimm_mb=extra_mb, dimm_path=None)
+    if cpus > base_cpus:
+        slots = await machine.execute("query-hotpluggable-cpus")
+        free = sorted((s for s in slots if "qom-path" not in s),
+                      key=lambda s: s["props"].get("socket-id", 0))
+        for i, slot in enumerate(free[: cpus - base_cpus]):
+            await machine.execute("device_add", {"driver": slot["type"],
+                                                 "id": f"cpu{base_cpus + i}", **slot["props"]})
+        machine.spec = machine.spec.with_(cpus=cpus)
