@@ -1,0 +1,68 @@
+"""The ASGI app: REST /v1 with API-key auth, OpenAPI, one error handler, and `run()`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from sandlot.core.config import Settings
+from sandlot.core.service import Core
+from sandlot.errors import SandlotError
+from sandlot.server import errors
+from sandlot.server.auth import require_key
+from sandlot.server.routes_commands import router as commands_router
+from sandlot.server.routes_files import router as files_router
+from sandlot.server.routes_sandboxes import router as sandboxes_router
+from sandlot.server.routes_snapshots import router as snapshots_router
+
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None, *, network: object | None = None,
+               kill_on_shutdown: bool = False) -> FastAPI:
+    """Build the app; the core starts (and recovers) in the lifespan."""
+    settings = settings or Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        core = Core(settings, network=network)
+        preset = os.environ.get("SANDLOT_API_KEY")
+        if preset:
+            core.db.add_key(preset)
+        await core.start()
+        app.state.core = core
+        try:
+            yield
+        finally:
+            await core.stop(kill_sandboxes=kill_on_shutdown)
+
+    app = FastAPI(title="sandlot", version=VERSION, lifespan=lifespan)
+    app.add_exception_handler(SandlotError, errors.sandlot_error)
+    app.add_exception_handler(RequestValidationError, errors.validation_error)
+    app.add_exception_handler(HTTPException, errors.http_error)
+    app.add_exception_handler(Exception, errors.unexpected_error)
+    auth = [Depends(require_key)]
+    for router in (sandboxes_router, commands_router, files_router, snapshots_router):
+        app.include_router(router, dependencies=auth)
+
+    @app.get("/health", tags=["health"])
+    async def health() -> dict:
+        return {"status": "ok", "version": VERSION}
+
+    return app
+
+
+def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None = None) -> None:
+    """Serve until interrupted. Sandboxes outlive a server restart and are re-adopted."""
+    import uvicorn
+
+    logging.basicConfig(level=os.environ.get("SANDLOT_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(Settings.from_env(data_dir))
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

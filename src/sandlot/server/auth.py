@@ -1,0 +1,23 @@
+"""API key check: ``Authorization: Bearer <key>`` against hashed keys in the metadata store."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from sandlot.errors import AuthenticationError
+
+
+def bearer_key(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return key.strip()
+    return request.headers.get("x-api-key")
+
+
+async def require_key(request: Request) -> None:
+    key = bearer_key(request)
+    if not key:
+        raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
+    if not request.app.state.core.db.key_valid(key):
+        raise AuthenticationError("invalid API key")

@@ -1,0 +1,100 @@
+"""/v1/sandboxes: create, list, get, kill, timeout, fork, rollback, snapshot."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
+
+from sandlot.core.models import CreateSandbox, SandboxRecord, SnapshotRecord
+from sandlot.errors import InvalidArgumentError, SandlotError
+from sandlot.server.deps import core
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+
+
+class TimeoutBody(BaseModel):
+    timeout: int = Field(ge=0)
+
+
+class ForkBody(BaseModel):
+    count: int = Field(1, ge=1, le=64)
+
+
+class RollbackBody(BaseModel):
+    snapshot_id: str
+
+
+class SnapshotBody(BaseModel):
+    name: str | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxRecord]
+
+
+class ForkError(BaseModel):
+    index: int
+    error: dict
+
+
+class ForkResult(BaseModel):
+    sandboxes: list[SandboxRecord]
+    errors: list[ForkError]
+
+
+@router.post("", status_code=201, response_model=SandboxRecord)
+async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord:
+    return await core(request).sandboxes.create(body)
+
+
+@router.get("", response_model=SandboxList)
+async def list_sandboxes(request: Request, metadata: str | None = None,
+                         all: bool = False) -> SandboxList:
+    wanted = None
+    if metadata:
+        try:
+            wanted = json.loads(metadata)
+            if not isinstance(wanted, dict):
+                raise ValueError
+        except ValueError:
+            raise InvalidArgumentError("metadata must be a JSON object of strings") from None
+        wanted = {str(k): str(v) for k, v in wanted.items()}
+    return SandboxList(sandboxes=core(request).sandboxes.list(wanted, all=all))
+
+
+@router.get("/{sandbox_id}", response_model=SandboxRecord)
+async def get_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
+    return core(request).sandboxes.get(sandbox_id)
+
+
+@router.delete("/{sandbox_id}", status_code=204)
+async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
+    await core(request).sandboxes.kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/{sandbox_id}/timeout", response_model=SandboxRecord)
+async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> SandboxRecord:
+    return core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+
+
+@router.post("/{sandbox_id}/fork", response_model=ForkResult)
+async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> ForkResult:
+    results = await core(request).sandboxes.fork(sandbox_id, body.count)
+    ok = [r for r in results if isinstance(r, SandboxRecord)]
+    errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
+              for i, r in enumerate(results) if isinstance(r, SandlotError)]
+    return ForkResult(sandboxes=ok, errors=errors)
+
+
+@router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)
+async def rollback_sandbox(sandbox_id: str, body: RollbackBody, request: Request) -> SandboxRecord:
+    return await core(request).sandboxes.rollback(sandbox_id, body.snapshot_id)
+
+
+@router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
+async def create_snapshot(sandbox_id: str, request: Request,
+                          body: SnapshotBody | None = None) -> SnapshotRecord:
+    return core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)

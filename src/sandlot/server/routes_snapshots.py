@@ -1,0 +1,81 @@
+"""/v1/snapshots and /v1/templates."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandlot.core.models import (
+    CreateSandbox,
+    NetworkSpec,
+    SandboxRecord,
+    SnapshotRecord,
+    TemplateInfo,
+)
+from sandlot.server.deps import core
+
+router = APIRouter(tags=["snapshots"])
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotRecord]
+
+
+class RenameBody(BaseModel):
+    name: str | None
+
+
+class RestoreBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    memory_mb: int | None = Field(None, ge=128, le=16384)
+    cpus: int | None = Field(None, ge=1, le=8)
+    env: dict[str, str] | None = None
+    timeout: int | None = Field(None, ge=0, le=24 * 3600)
+    metadata: dict[str, str] | None = None
+    internet: bool = True
+    network: NetworkSpec | None = None
+
+
+@router.get("/v1/snapshots", response_model=SnapshotList)
+async def list_snapshots(request: Request, sandbox_id: str | None = None) -> SnapshotList:
+    return SnapshotList(snapshots=core(request).snapshots.list(sandbox_id))
+
+
+@router.get("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
+async def get_snapshot(id_or_name: str, request: Request) -> SnapshotRecord:
+    return core(request).snapshots.get(id_or_name)
+
+
+@router.patch("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
+async def rename_snapshot(id_or_name: str, body: RenameBody, request: Request) -> SnapshotRecord:
+    return core(request).snapshots.rename(id_or_name, body.name)
+
+
+@router.delete("/v1/snapshots/{id_or_name}", status_code=204)
+async def delete_snapshot(id_or_name: str, request: Request) -> Response:
+    core(request).snapshots.delete(id_or_name)
+    return Response(status_code=204)
+
+
+@router.post("/v1/snapshots/{id_or_name}/restore", status_code=201, response_model=SandboxRecord)
+async def restore_snapshot(id_or_name: str, request: Request,
+                           body: RestoreBody | None = None) -> SandboxRecord:
+    body = body or RestoreBody()
+    metadata = dict(body.metadata or {})
+    if body.name:
+        metadata.setdefault("name", body.name)
+    req = CreateSandbox(snapshot_id=id_or_name, memory_mb=body.memory_mb, cpus=body.cpus,
+                        env=body.env, timeout=body.timeout, metadata=metadata,
+                        internet=body.internet, network=body.network)
+    return await core(request).sandboxes.create(req)
+
+
+@router.get("/v1/templates")
+async def list_templates(request: Request) -> dict:
+    return {"templates": [t.model_dump(mode="json") for t in core(request).templates.list()]}
+
+
+@router.get("/v1/templates/{name}", response_model=TemplateInfo)
+async def get_template(name: str, request: Request) -> TemplateInfo:
+    return core(request).templates.get(name)
