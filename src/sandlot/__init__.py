@@ -8,6 +8,8 @@
 Everything public is exported here; modules whose names start with ``_`` are private.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from sandlot.errors import (
     AuthenticationError,
     BuildError,
@@ -56,7 +58,10 @@ from sandlot.sdk import (
     WaitTimeoutError,
 )
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("sandlot")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0"
 
 __all__ = [
     # clients

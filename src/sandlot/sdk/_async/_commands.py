@@ -74,10 +74,11 @@ class AsyncCommands:
                   check: bool = False) -> CommandResult | AsyncCommandHandle:
         """Run `cmd` with ``/bin/sh -c`` and wait for it to finish.
 
-        Output streams while the command runs: `on_stdout`/`on_stderr` are called with each text
-        chunk. `timeout` is in seconds (None or 0: no limit); past it the server kills the whole
-        process group and `CommandTimeoutError` is raised. `stdin` is written to the process and
-        then closed. With `check=True` a non-zero exit raises `CommandExitError`.
+        Output streams while the command runs: `on_stdout`/`on_stderr` (plain functions, not
+        coroutines) are called with each text chunk. `timeout` is in seconds (None or 0: no
+        limit); past it the server kills the whole process group and `CommandTimeoutError` is
+        raised. `stdin` is written to the process and then closed. With `check=True` a non-zero
+        exit raises `CommandExitError`.
 
         ``background=True`` is a thin alias for `start` (kept for E2B users): it returns an
         `AsyncCommandHandle` at once and ignores the callbacks and `check`; prefer `start`.

@@ -1,0 +1,451 @@
+"""The ``sandlot`` command line: run the server, build templates, and drive sandboxes and
+snapshots through the REST API (with the sync SDK).
+
+Local commands (``serve``, ``template``, ``keys``) work on ``--data-dir`` (env
+``SANDLOT_DATA_DIR``, default /var/lib/sandlot). Client commands take ``--url`` and
+``--api-key`` (env ``SANDLOT_URL``/``SANDLOT_API_KEY``). Commands that print objects take
+``--json``. Failures print ``error: <message>`` to stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sandlot import Sandlot, SandlotError
+
+DEFAULT_DATA_DIR = "/var/lib/sandlot"
+
+_out = Console(highlight=False, soft_wrap=True)
+
+
+# -- plumbing ------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+
+
+class _Group(click.Group):
+    """Turns every failure below it into ``error: <message>`` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except SandlotError as exc:
+            _fail(exc.message or str(exc) or type(exc).__name__)
+        except OSError as exc:
+            _fail(str(exc))
+        except Exception as exc:
+            if os.environ.get("SANDLOT_DEBUG"):
+                raise
+            _fail(f"{type(exc).__name__}: {exc}")
+        ctx.exit(1)
+
+
+def _pairs(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx, param)
+        out[key] = value
+    return out
+
+
+def _env_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--env", "env", multiple=True, callback=_pairs, metavar="K=V",
+                        help="Environment variable (repeatable).")(f)
+
+
+def _metadata_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--metadata", "metadata", multiple=True, callback=_pairs, metavar="K=V",
+                        help="Metadata entry (repeatable).")(f)
+
+
+_json_option = click.option("--json", "as_json", is_flag=True,
+                            help="Print machine-readable JSON.")
+
+_data_dir_option = click.option(
+    "--data-dir", type=click.Path(file_okay=False, path_type=Path), envvar="SANDLOT_DATA_DIR",
+    default=DEFAULT_DATA_DIR, show_default=True, show_envvar=True,
+    help="Where sandlot keeps its state.")
+
+
+def _client(url: str | None, api_key: str | None) -> Sandlot:
+    return Sandlot(url, api_key)
+
+
+def _with_client(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--url``/``--api-key`` and pass an open `Sandlot` client as the first argument."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, url: str | None, api_key: str | None, **kwargs: Any) -> Any:
+        with _client(url, api_key) as client:
+            return f(client, *args, **kwargs)
+
+    wrapper = click.option("--api-key", envvar="SANDLOT_API_KEY", show_envvar=True,
+                           help="API key.")(wrapper)
+    wrapper = click.option("--url", envvar="SANDLOT_URL", show_envvar=True,
+                           help="Server URL [default: http://127.0.0.1:7070].")(wrapper)
+    return wrapper
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return json.loads(json.dumps(asdict(obj), default=str))
+    if isinstance(obj, dict):
+        return obj
+    return json.loads(json.dumps(vars(obj), default=str))
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, str) and len(value) > 19 and value[10:11] == "T":
+        return value[:19].replace("T", " ")  # ISO timestamp: drop sub-seconds and zone
+    return str(value)
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, int):
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+_SANDBOX_COLUMNS = [("SANDBOX", "sandbox_id"), ("TEMPLATE", "template"), ("STATE", "state"),
+                    ("MEMORY", "memory_mb"), ("CPUS", "cpus"), ("EXPIRES", "expires_at"),
+                    ("SNAPSHOT", "snapshot_id"), ("METADATA", "metadata")]
+_SNAPSHOT_COLUMNS = [("SNAPSHOT", "snapshot_id"), ("NAME", "name"), ("STATE", "state"),
+                     ("SANDBOX", "sandbox_id"), ("SIZE", "size_bytes"),
+                     ("STORED", "stored_bytes"), ("CREATED", "created_at"), ("ERROR", "error")]
+_TEMPLATE_COLUMNS = [("NAME", "name"), ("HASH", "hash"), ("MEMORY", "memory_mb"),
+                     ("CPUS", "cpus"), ("BUILT", "built_at")]
+_PROCESS_COLUMNS = [("PID", "pid"), ("USER", "user"), ("CMD", "cmd")]
+
+
+def _show(items: Any, columns: list[tuple[str, str]], as_json: bool) -> None:
+    """Print one object (as KEY VALUE lines) or a list (as a table)."""
+    if isinstance(items, list):
+        rows = [_plain(item) for item in items]
+        if as_json:
+            _print_json(rows)
+            return
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for header, key in columns:
+            wide = key in ("metadata", "error")
+            table.add_column(header, no_wrap=True, overflow="ellipsis" if wide else "fold",
+                             min_width=len(header))
+        for row in rows:
+            table.add_row(*(_format(key, row.get(key)) for _, key in columns))
+        _out.print(table)
+        return
+    row = _plain(items)
+    if as_json:
+        _print_json(row)
+        return
+    table = Table(box=None, pad_edge=False, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in row.items():
+        table.add_row(key, _format(key, value))
+    _out.print(table)
+
+
+def _format(key: str, value: Any) -> str:
+    return _size(value) if key.endswith("_bytes") else _cell(value)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sandlot")
+def cli() -> None:
+    """sandlot: self-hosted QEMU microVM sandboxes."""
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=7070, show_default=True, type=int, help="Port to listen on.")
+@_data_dir_option
+def serve(host: str, port: int, data_dir: Path) -> None:
+    """Run the REST API server."""
+    from sandlot.server import run
+
+    run(host=host, port=port, data_dir=data_dir)
+
+
+@cli.group(cls=_Group)
+def template() -> None:
+    """Build and manage templates on this host (no server needed)."""
+
+
+@template.command("build")
+@click.argument("name_or_spec")
+@_data_dir_option
+@click.option("--force", is_flag=True, help="Rebuild even if a build with this hash exists.")
+@_json_option
+def template_build(name_or_spec: str, data_dir: Path, force: bool, as_json: bool) -> None:
+    """Build template NAME_OR_SPEC (a built-in name or a spec file path)."""
+    from sandlot.core.templates import build_template
+
+    info = build_template(name_or_spec, data_dir, force)
+    if as_json:
+        _print_json(_plain(info))
+    else:
+        click.echo(f"template {info.name} ready ({info.hash})")
+
+
+@template.command("list")
+@_data_dir_option
+@_json_option
+def template_list(data_dir: Path, as_json: bool) -> None:
+    """List the templates built on this host."""
+    from sandlot.core.templates import list_templates
+
+    _show(list(list_templates(data_dir)), _TEMPLATE_COLUMNS, as_json)
+
+
+@template.command("rm")
+@click.argument("name")
+@_data_dir_option
+def template_rm(name: str, data_dir: Path) -> None:
+    """Remove template NAME."""
+    from sandlot.core.templates import remove_template
+
+    remove_template(name, data_dir)
+    click.echo(f"removed template {name}")
+
+
+@cli.group(cls=_Group)
+def keys() -> None:
+    """Manage API keys on this host."""
+
+
+@keys.command("create")
+@_data_dir_option
+def keys_create(data_dir: Path) -> None:
+    """Create an API key and print it (it is shown only once)."""
+    from sandlot.core.keys import create_key
+
+    click.echo(create_key(data_dir))
+
+
+@cli.group(cls=_Group)
+def sandbox() -> None:
+    """Create, list, run commands in, fork and kill sandboxes."""
+
+
+@sandbox.command("create")
+@click.option("--template", "template_name", default="base", show_default=True,
+              help="Template to boot.")
+@click.option("--snapshot", "snapshot_id", help="Restore from this snapshot instead.")
+@click.option("--memory", "memory_mb", type=int, help="Memory in MiB.")
+@click.option("--cpus", type=int, help="Number of vCPUs.")
+@click.option("--timeout", type=int, default=300, show_default=True,
+              help="Seconds until the sandbox is killed.")
+@_env_option
+@_metadata_option
+@click.option("--no-internet", is_flag=True, help="No outbound network.")
+@_json_option
+@_with_client
+def sandbox_create(client: Sandlot, template_name: str, snapshot_id: str | None,
+                   memory_mb: int | None, cpus: int | None, timeout: int, env: dict[str, str],
+                   metadata: dict[str, str], no_internet: bool, as_json: bool) -> None:
+    """Start a sandbox."""
+    sbx = client.sandboxes.create(template_name, snapshot_id=snapshot_id, memory_mb=memory_mb,
+                                  cpus=cpus, env=env, timeout=timeout, metadata=metadata,
+                                  internet=not no_internet)
+    _show(sbx.info, _SANDBOX_COLUMNS, as_json)
+
+
+@sandbox.command("list")
+@_metadata_option
+@click.option("--all", "include_stopped", is_flag=True, help="Include stopped sandboxes.")
+@_json_option
+@_with_client
+def sandbox_list(client: Sandlot, metadata: dict[str, str], include_stopped: bool,
+                 as_json: bool) -> None:
+    """List sandboxes (optionally those whose metadata matches)."""
+    _show(client.sandboxes.list(metadata or None, include_stopped=include_stopped),
+          _SANDBOX_COLUMNS, as_json)
+
+
+@sandbox.command("get")
+@click.argument("sandbox_id")
+@_json_option
+@_with_client
+def sandbox_get(client: Sandlot, sandbox_id: str, as_json: bool) -> None:
+    """Show one sandbox."""
+    _show(client.sandboxes.get_info(sandbox_id), _SANDBOX_COLUMNS, as_json)
+
+
+def _write(stream: Any) -> Callable[[str], None]:
+    def write(chunk: str) -> None:
+        stream.write(chunk)
+        stream.flush()
+    return write
+
+
+@sandbox.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("sandbox_id")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout", type=int, default=60, show_default=True,
+              help="Seconds before the command is killed (0: no limit).")
+@_env_option
+@click.option("--cwd", help="Working directory.")
+@click.option("--user", default="root", show_default=True, help="User to run as.")
+@_with_client
+def sandbox_exec(client: Sandlot, sandbox_id: str, cmd: tuple[str, ...], timeout: int,
+                 env: dict[str, str], cwd: str | None, user: str) -> None:
+    """Run CMD in a sandbox, streaming its output; exit with its exit code.
+
+    \b
+    sandlot sandbox exec sb-123 -- ls -la /tmp
+    sandlot sandbox exec sb-123 -- 'echo $HOME | wc -c'
+    """
+    line = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    sbx = client.sandboxes.connect(sandbox_id)
+    result = sbx.commands.run(line, timeout=timeout or None, env=env, cwd=cwd, user=user,
+                              on_stdout=_write(sys.stdout), on_stderr=_write(sys.stderr))
+    click.get_current_context().exit(result.exit_code)
+
+
+@sandbox.command("kill")
+@click.argument("sandbox_id")
+@_with_client
+def sandbox_kill(client: Sandlot, sandbox_id: str) -> None:
+    """Stop a sandbox."""
+    if not client.sandboxes.kill(sandbox_id):
+        raise SandlotError(f"sandbox {sandbox_id} not found (already gone?)")
+    click.echo(f"killed {sandbox_id}")
+
+
+@sandbox.command("fork")
+@click.argument("sandbox_id")
+@click.option("--count", type=int, default=1, show_default=True, help="Children to start.")
+@_json_option
+@_with_client
+def sandbox_fork(client: Sandlot, sandbox_id: str, count: int, as_json: bool) -> None:
+    """Start COUNT copies of a running sandbox. Exits 1 if any child failed."""
+    children = client.sandboxes.connect(sandbox_id).fork(count)
+    _show([child.info for child in children], _SANDBOX_COLUMNS, as_json)
+    for error in children.errors:
+        _fail(error.message)
+    if children.errors:
+        click.get_current_context().exit(1)
+
+
+@sandbox.command("rollback")
+@click.argument("sandbox_id")
+@click.argument("snapshot")
+@_json_option
+@_with_client
+def sandbox_rollback(client: Sandlot, sandbox_id: str, snapshot: str, as_json: bool) -> None:
+    """Reset a sandbox to SNAPSHOT (id or name), keeping its id."""
+    sbx = client.sandboxes.connect(sandbox_id).rollback(snapshot)
+    _show(sbx.info, _SANDBOX_COLUMNS, as_json)
+
+
+@cli.group(cls=_Group)
+def snapshot() -> None:
+    """Create, list, restore and delete snapshots."""
+
+
+@snapshot.command("create")
+@click.argument("sandbox_id")
+@click.option("--name", help="Name for the snapshot.")
+@click.option("--wait", is_flag=True, help="Wait until it is ready.")
+@click.option("--wait-timeout", type=float, default=600, show_default=True,
+              help="Seconds to wait with --wait.")
+@_json_option
+@_with_client
+def snapshot_create(client: Sandlot, sandbox_id: str, name: str | None, wait: bool,
+                    wait_timeout: float, as_json: bool) -> None:
+    """Snapshot a running sandbox."""
+    snap = client.sandboxes.connect(sandbox_id).create_snapshot(name)
+    if wait:
+        snap.wait(timeout=wait_timeout)
+    _show(snap.info, _SNAPSHOT_COLUMNS, as_json)
+
+
+@snapshot.command("list")
+@click.option("--sandbox", "sandbox_id", help="Only snapshots of this sandbox.")
+@_json_option
+@_with_client
+def snapshot_list(client: Sandlot, sandbox_id: str | None, as_json: bool) -> None:
+    """List snapshots."""
+    _show(client.snapshots.list(sandbox_id), _SNAPSHOT_COLUMNS, as_json)
+
+
+@snapshot.command("get")
+@click.argument("id_or_name")
+@_json_option
+@_with_client
+def snapshot_get(client: Sandlot, id_or_name: str, as_json: bool) -> None:
+    """Show one snapshot."""
+    _show(client.snapshots.get(id_or_name).info, _SNAPSHOT_COLUMNS, as_json)
+
+
+@snapshot.command("rm")
+@click.argument("id_or_name")
+@_with_client
+def snapshot_rm(client: Sandlot, id_or_name: str) -> None:
+    """Delete a snapshot."""
+    if not client.snapshots.delete(id_or_name):
+        raise SandlotError(f"snapshot {id_or_name} not found")
+    click.echo(f"deleted {id_or_name}")
+
+
+@snapshot.command("restore")
+@click.argument("id_or_name")
+@click.option("--memory", "memory_mb", type=int, help="Memory in MiB (can only grow).")
+@click.option("--cpus", type=int, help="Number of vCPUs.")
+@click.option("--timeout", type=int, help="Seconds until the new sandbox is killed.")
+@_env_option
+@_metadata_option
+@_json_option
+@_with_client
+def snapshot_restore(client: Sandlot, id_or_name: str, memory_mb: int | None,
+                     cpus: int | None, timeout: int | None, env: dict[str, str],
+                     metadata: dict[str, str], as_json: bool) -> None:
+    """Start a new sandbox from a snapshot."""
+    sbx = client.snapshots.restore(None, id_or_name, memory_mb=memory_mb, cpus=cpus,
+                                   env=env or None, timeout=timeout, metadata=metadata or None)
+    _show(sbx.info, _SANDBOX_COLUMNS, as_json)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``sandlot`` command."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="sandlot")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The ``sandlot`` CLI, driven through click's runner against the in-process fake API, with the
+server and core entry points replaced by stubs (they have their own tests)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_sdk_fake import API_KEY, FakeServer
+
+from sandlot import Sandlot, cli
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    server = FakeServer()
+    calls: list[tuple[str | None, str | None]] = []
+
+    def client(url: str | None, api_key: str | None) -> Sandlot:
+        calls.append((url, api_key))
+        return Sandlot(url or "http://sandlot.test", api_key, transport=server.transport())
+
+    monkeypatch.setattr(cli, "_client", client)
+    monkeypatch.setenv("SANDLOT_API_KEY", API_KEY)
+    server.client_calls = calls  # type: ignore[attr-defined]
+    return server
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli.cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_sandbox_create_list_kill(fake: FakeServer) -> None:
+    code, out, _ = run("sandbox", "create", "--memory", "1024", "--env", "A=1",
+                       "--metadata", "team=x", "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["memory_mb"] == 1024 and info["metadata"] == {"team": "x"}
+    sid = info["sandbox_id"]
+    code, out, _ = run("sandbox", "list", "--metadata", "team=x", "--json")
+    assert [s["sandbox_id"] for s in json.loads(out)] == [sid]
+    code, out, _ = run("sandbox", "list")
+    assert code == 0 and sid in out and "SANDBOX" in out
+    assert run("sandbox", "kill", sid)[:2] == (0, f"killed {sid}\n")
+    code, _, err = run("sandbox", "kill", sid)
+    assert code == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_client_options_reach_the_client(fake: FakeServer) -> None:
+    run("sandbox", "list", "--url", "http://other:1", "--api-key", "k2")
+    assert fake.client_calls[-1] == ("http://other:1", "k2")  # type: ignore[attr-defined]
+
+
+def test_exec_streams_and_exits_with_code(fake: FakeServer) -> None:
+    sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
+    code, out, err = run("sandbox", "exec", sid, "--", "echo", "hi there")
+    assert (code, out) == (0, "'hi there'\n")
+    assert json.loads(fake.requests[-1].content)["cmd"] == "echo 'hi there'"
+    code, out, err = run("sandbox", "exec", sid, "--", "fail")
+    assert (code, out, err) == (3, "partial", "boom\n")
+    code, _, err = run("sandbox", "exec", sid, "--timeout", "1", "--", "hang")
+    assert code == 1 and err == "error: command timed out after 1s\n"
+    code, _, err = run("sandbox", "exec", "sb-nope", "--", "true")
+    assert code == 1 and err == "error: sandbox sb-nope not found\n"
+
+
+def test_fork_and_rollback(fake: FakeServer) -> None:
+    sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
+    code, out, _ = run("sandbox", "fork", sid, "--count", "2", "--json")
+    assert code == 0 and len(json.loads(out)) == 2
+    fake.fork_fail_indexes = {1}
+    code, out, err = run("sandbox", "fork", sid, "--count", "2", "--json")
+    assert code == 1 and len(json.loads(out)) == 1 and "child 1" in err
+    run("snapshot", "create", sid, "--name", "s1")
+    code, out, _ = run("sandbox", "rollback", sid, "s1", "--json")
+    assert code == 0 and json.loads(out)["sandbox_id"] == sid
+
+
+def test_snapshot_commands(fake: FakeServer) -> None:
+    sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
+    code, out, _ = run("snapshot", "create", sid, "--name", "n", "--wait", "--json")
+    assert code == 0 and json.loads(out)["state"] == "ready"
+    code, out, _ = run("snapshot", "list", "--json")
+    assert [s["name"] for s in json.loads(out)] == ["n"]
+    code, out, _ = run("snapshot", "get", "n")
+    assert code == 0 and "ready" in out
+    code, out, _ = run("snapshot", "restore", "n", "--memory", "2048", "--env", "B=2", "--json")
+    assert code == 0 and json.loads(out)["memory_mb"] == 2048
+    assert run("snapshot", "rm", "n")[0] == 0
+    code, _, err = run("snapshot", "rm", "n")
+    assert code == 1 and err.startswith("error: snapshot n not found")
+
+
+def test_bad_key_value(fake: FakeServer) -> None:
+    result = CliRunner().invoke(cli.cli, ["sandbox", "create", "--env", "novalue"])
+    assert result.exit_code == 2 and "KEY=VALUE" in result.stderr
+
+
+def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple] = []
+    info = types.SimpleNamespace(name="py", hash="h123", memory_mb=512, cpus=1,
+                                 built_at=None)
+    templates = types.ModuleType("sandlot.core.templates")
+    templates.build_template = lambda spec, data_dir, force: calls.append(  # type: ignore
+        ("build", spec, data_dir, force)) or info
+    templates.list_templates = lambda data_dir: [info]  # type: ignore[attr-defined]
+    templates.remove_template = lambda name, data_dir: calls.append(  # type: ignore
+        ("rm", name, data_dir))
+    keys = types.ModuleType("sandlot.core.keys")
+    keys.create_key = lambda data_dir: "sk-new"  # type: ignore[attr-defined]
+    server = types.ModuleType("sandlot.server")
+    server.run = lambda **kw: calls.append(("serve", kw))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
+    monkeypatch.setitem(sys.modules, "sandlot.core.keys", keys)
+    monkeypatch.setitem(sys.modules, "sandlot.server", server)
+    monkeypatch.setenv("SANDLOT_DATA_DIR", str(tmp_path))
+
+    assert run("template", "build", "spec.toml", "--force") == (0, "template py ready (h123)\n",
+                                                               "")
+    assert calls[-1] == ("build", "spec.toml", tmp_path, True)
+    code, out, _ = run("template", "list", "--json")
+    assert json.loads(out) == [{"name": "py", "hash": "h123", "memory_mb": 512, "cpus": 1,
+                                "built_at": None}]
+    assert run("template", "rm", "py", "--data-dir", "/x")[0] == 0
+    assert calls[-1] == ("rm", "py", Path("/x"))
+    assert run("keys", "create") == (0, "sk-new\n", "")
+    assert run("serve", "--port", "8080")[0] == 0
+    assert calls[-1] == ("serve", {"host": "127.0.0.1", "port": 8080, "data_dir": tmp_path})
+
+
+def test_data_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = types.ModuleType("sandlot.server")
+    seen: dict = {}
+    server.run = lambda **kw: seen.update(kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sandlot.server", server)
+    monkeypatch.delenv("SANDLOT_DATA_DIR", raising=False)
+    assert run("serve")[0] == 0
+    assert seen["data_dir"] == Path("/var/lib/sandlot")
+
+
+def test_core_errors_print_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlot.errors import BuildError
+
+    templates = types.ModuleType("sandlot.core.templates")
+
+    def build(spec, data_dir, force):
+        raise BuildError("apt-get failed")
+
+    templates.build_template = build  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
+    assert run("template", "build", "x") == (1, "", "error: apt-get failed\n")
