@@ -8,7 +8,7 @@
 Everything public is exported here; modules whose names start with ``_`` are private.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
 
 from sandlot.errors import (
     AuthenticationError,
@@ -59,8 +59,8 @@ from sandlot.sdk import (
 )
 
 try:
-    __version__ = version("sandlot")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = _metadata.version("sandlot")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0"
 
 __all__ = [
