@@ -265,7 +265,10 @@ class AsyncSnapshot:
         return self
 
     async def restore(self, name: str | None = None) -> AsyncSandbox:
-        """Start a new sandbox from this snapshot with the snapshot's settings."""
+        """Start a new sandbox from this snapshot with the snapshot's settings.
+
+        `name`, if given, is recorded as the new sandbox's ``name`` metadata.
+        """
         return await self.restore_with(name)
 
     async def restore_with(self, name: str | None = None, memory_mb: int | None = None,
@@ -274,6 +277,7 @@ class AsyncSnapshot:
                            internet: bool = True) -> AsyncSandbox:
         """Start a new sandbox from this snapshot, overriding some of its settings.
 
+        `name`, if given, is recorded as the new sandbox's ``name`` metadata.
         `memory_mb` may only grow the snapshot's memory; `env` is merged into the environment
         of later commands; `timeout` is the new sandbox's lifetime in seconds.
         """

@@ -267,7 +267,10 @@ class Snapshot:
         return self
 
     def restore(self, name: str | None = None) -> Sandbox:
-        """Start a new sandbox from this snapshot with the snapshot's settings."""
+        """Start a new sandbox from this snapshot with the snapshot's settings.
+
+        `name`, if given, is recorded as the new sandbox's ``name`` metadata.
+        """
         return self.restore_with(name)
 
     def restore_with(self, name: str | None = None, memory_mb: int | None = None,
@@ -276,6 +279,7 @@ class Snapshot:
                      internet: bool = True) -> Sandbox:
         """Start a new sandbox from this snapshot, overriding some of its settings.
 
+        `name`, if given, is recorded as the new sandbox's ``name`` metadata.
         `memory_mb` may only grow the snapshot's memory; `env` is merged into the environment
         of later commands; `timeout` is the new sandbox's lifetime in seconds.
         """
