@@ -52,6 +52,8 @@ class SnapshotInfo(_Model):
     ready_at: datetime | None = None
     size_bytes: int | None = None
     stored_bytes: int | None = None
+    pause_ms: float | None = None
+    capture_ms: float | None = None
 
 
 class TemplateInfo(_Model):

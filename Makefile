@@ -1,0 +1,33 @@
+# sandlot: `make demo` runs the server with a snapshot/fork demo; `make test` runs the tests.
+SHELL := /bin/bash
+VENV := .venv/bin
+PORT ?= 7070
+
+.PHONY: setup demo serve test test-unit lint bench bench-quick clean
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	@scripts/demo.sh $(PORT)
+
+serve: setup
+	$(VENV)/sandlot serve --port $(PORT)
+
+test: setup
+	$(VENV)/python -m pytest tests -q -ra
+
+test-unit: setup
+	$(VENV)/python -m pytest tests/unit -q
+
+lint:
+	$(VENV)/ruff check src tests bench examples scripts
+
+bench: setup
+	$(VENV)/python bench/run.py --json bench/results/full.json
+
+bench-quick: setup
+	$(VENV)/python bench/run.py --quick --json bench/results/quick.json
+
+clean:
+	rm -rf .stamps
