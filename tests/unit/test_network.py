@@ -1,0 +1,490 @@
+"""sandlot.vmm.network for real, with network namespaces playing the guest and the internet.
+
+    host ── slti<sfx> 198.51.100.1/24 ═ netns slt-inet-<sfx>:
+                                          198.51.100.2 banner :80, echo :7, dnsmasq :53
+                                          198.51.100.3 banner :80
+    host ── slv<slot> ═ sl-<id> ── tap0 (a veth here) ═ slt-g-<id>: eth0 10.0.2.15/24, gw 10.0.2.2
+
+Nothing here talks to anything outside this machine. Needs root, ip, nft and dnsmasq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
+from sandlot.vmm import network
+from sandlot.vmm.network import (
+    DNS_ADDRESS,
+    GATEWAY_ADDRESS,
+    GUEST_ADDRESS,
+    NetworkManager,
+    NetworkPolicy,
+    SandboxNetwork,
+    run_in_netns,
+)
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "nft", "dnsmasq")),
+        reason="needs root, ip, nft and dnsmasq",
+    ),
+    pytest.mark.timeout(120),
+]
+
+SFX = f"{os.getpid() % 0x100000:x}"
+INET_NS = f"slt-inet-{SFX}"
+INET_VETH = f"slti{SFX}"
+INET_HOST = "198.51.100.1"
+INET_A = "198.51.100.2"
+INET_B = "198.51.100.3"
+POOL = "10.209.0.0/16"
+TIMEOUT = 1.0
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{argv}: {proc.stderr}")
+    return proc.stdout
+
+
+def new_socket(netns: str | None, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    if netns is None:
+        return socket.socket(socket.AF_INET, kind)
+    return run_in_netns(netns, lambda: socket.socket(socket.AF_INET, kind))
+
+
+class Server:
+    """A threaded TCP server in a namespace: sends '<name> <peer ip>' and closes, or echoes."""
+
+    def __init__(self, netns: str | None, addr: str, port: int, name: str = "",
+                 echo: bool = False) -> None:
+        self.sock = new_socket(netns)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((addr, port))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.name, self.echo = name, echo
+        self.stopped = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped:
+            try:
+                conn, peer = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        conn.settimeout(10)
+        with conn:
+            try:
+                if not self.echo:
+                    conn.sendall(f"{self.name} {peer[0]}\n".encode())
+                    return
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.thread.join(5)
+        self.sock.close()
+
+
+def fetch(netns: str | None, addr: str, port: int, timeout: float = TIMEOUT) -> str:
+    """Connect from `netns` and read until EOF; raises OSError if unreachable."""
+    with new_socket(netns) as s:
+        s.settimeout(timeout)
+        s.connect((addr, port))
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        return data.decode()
+
+
+def reachable(netns: str | None, addr: str, port: int, timeout: float = TIMEOUT) -> bool:
+    try:
+        return bool(fetch(netns, addr, port, timeout))
+    except OSError:
+        return False
+
+
+def dns_query(netns: str, name: str, tcp: bool = False, timeout: float = 2.0) -> list[str]:
+    """A-records for `name` asked of 10.0.2.3 from inside `netns`."""
+    question = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    msg = struct.pack(">HHHHHH", 0x5A5A, 0x0100, 1, 0, 0, 0) + question + struct.pack(">HH", 1, 1)
+    with new_socket(netns, socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.connect((DNS_ADDRESS, 53))
+        if tcp:
+            s.sendall(struct.pack(">H", len(msg)) + msg)
+            buf = b""
+            while len(buf) < 2 or len(buf) < 2 + struct.unpack(">H", buf[:2])[0]:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise OSError("short DNS answer")
+                buf += chunk
+            reply = buf[2:]
+        else:
+            s.send(msg)
+            reply = s.recv(4096)
+    answers = struct.unpack(">H", reply[6:8])[0]
+    pos, out = 12 + len(question) + 4, []
+    for _ in range(answers):
+        while reply[pos] and reply[pos] < 0xC0:
+            pos += reply[pos] + 1
+        pos += 2 if reply[pos] >= 0xC0 else 1
+        rtype, _, _, length = struct.unpack(">HHIH", reply[pos:pos + 10])
+        pos += 10
+        if rtype == 1:
+            out.append(socket.inet_ntoa(reply[pos:pos + length]))
+        pos += length
+    return out
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def host_state() -> tuple[set[str], set[str], set[str]]:
+    """(sl-* namespaces, slv* links, per-sandbox nft objects) on the host right now."""
+    namespaces = {n for n in os.listdir("/run/netns")} if os.path.isdir("/run/netns") else set()
+    links = {n for n in os.listdir("/sys/class/net") if n.startswith("slv")}
+    out = sh("nft", "-j", "list", "table", "inet", "sandlot", check=False) or '{"nftables": []}'
+    objects = set()
+    for item in json.loads(out)["nftables"]:
+        for kind in ("chain", "set"):
+            name = item.get(kind, {}).get("name", "")
+            if name[:3] in ("eg-", "al-", "dn-"):
+                objects.add(name)
+        if item.get("map", {}).get("name") == "egress":
+            for element in item["map"].get("elem", []):
+                objects.add(f"element {element[0]}")
+    return {n for n in namespaces if n.startswith("sl-")}, links, objects
+
+
+@dataclass
+class Internet:
+    servers: list[Server]
+    dnsmasq: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[Internet]:
+    sh("ip", "netns", "add", INET_NS)
+    servers: list[Server] = []
+    dnsmasq = None
+    try:
+        sh("ip", "link", "add", INET_VETH, "type", "veth", "peer", "name", "eth0", "netns", INET_NS)
+        sh("ip", "addr", "add", f"{INET_HOST}/24", "dev", INET_VETH)
+        sh("ip", "link", "set", INET_VETH, "up")
+        for cmd in (["addr", "add", f"{INET_A}/24", "dev", "eth0"],
+                    ["addr", "add", f"{INET_B}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
+            sh("ip", "-n", INET_NS, *cmd)
+        servers = [Server(INET_NS, INET_A, 80, "A"), Server(INET_NS, INET_B, 80, "B"),
+                   Server(INET_NS, INET_B, 7, echo=True)]
+        dnsmasq = subprocess.Popen(
+            ["ip", "netns", "exec", INET_NS, "dnsmasq", "--no-daemon", "--conf-file=/dev/null",
+             "--no-resolv", "--no-hosts", "--bind-interfaces", f"--listen-address={INET_A}",
+             f"--address=/example.test/{INET_B}", "--pid-file=", "--user=root"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_until(lambda: f"{INET_A}:53 " in sh("ip", "netns", "exec", INET_NS, "ss",
+                                                           "-lnu", "-H"))
+        yield Internet(servers, dnsmasq)
+    finally:
+        if dnsmasq is not None:
+            dnsmasq.terminate()
+            dnsmasq.wait(5)
+        for server in servers:
+            server.stop()
+        sh("ip", "link", "del", INET_VETH, check=False)
+        sh("ip", "netns", "del", INET_NS, check=False)
+
+
+@pytest.fixture(scope="module")
+def manager() -> NetworkManager:
+    return NetworkManager(dns_servers=[INET_A], pool=POOL)
+
+
+@dataclass
+class Guest:
+    net: SandboxNetwork
+    netns: str
+
+    @property
+    def id(self) -> str:
+        return self.net.sandbox_id
+
+
+@pytest.fixture
+def sandbox(manager: NetworkManager, internet: Internet) -> Iterator[Callable[..., Guest]]:
+    """Factory: a sandbox network whose guest is a namespace configured like the real guest."""
+    made: list[Guest] = []
+    counter = iter(range(100))
+
+    def make(policy: NetworkPolicy = NetworkPolicy()) -> Guest:
+        sandbox_id = f"sb-t{SFX}x{next(counter)}"
+        gns = f"slt-g-{sandbox_id}"
+        sh("ip", "netns", "add", gns)
+        try:
+            net = manager.setup(sandbox_id, policy, guest_netns=gns)
+        except BaseException:
+            sh("ip", "netns", "del", gns)
+            raise
+        guest = Guest(net, gns)
+        made.append(guest)
+        for cmd in (["link", "set", "lo", "up"],
+                    ["addr", "add", f"{GUEST_ADDRESS}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"],
+                    ["route", "add", "default", "via", GATEWAY_ADDRESS]):
+            sh("ip", "-n", gns, *cmd)
+        return guest
+
+    yield make
+    for guest in made:
+        manager.teardown(guest.id)
+        sh("ip", "netns", "del", guest.netns, check=False)
+
+
+def test_outbound_is_masqueraded_and_dns_works(sandbox: Callable[..., Guest]) -> None:
+    guest = sandbox()
+    assert fetch(guest.netns, INET_A, 80) == f"A {INET_HOST}\n"
+    assert fetch(guest.netns, INET_B, 80) == f"B {INET_HOST}\n"
+    assert dns_query(guest.netns, "example.test") == [INET_B]
+    assert dns_query(guest.netns, "example.test", tcp=True) == [INET_B]
+
+
+def test_no_internet(sandbox: Callable[..., Guest], manager: NetworkManager) -> None:
+    guest = sandbox(NetworkPolicy(internet=False))
+    assert not reachable(guest.netns, INET_A, 80)
+    with pytest.raises(OSError):
+        dns_query(guest.netns, "example.test", timeout=TIMEOUT)
+    manager.update_egress(guest.id, NetworkPolicy())
+    assert reachable(guest.netns, INET_A, 80)
+    assert dns_query(guest.netns, "example.test") == [INET_B]
+    manager.update_egress(guest.id, NetworkPolicy(internet=False))
+    assert not reachable(guest.netns, INET_A, 80)
+
+
+def test_host_is_unreachable(sandbox: Callable[..., Guest]) -> None:
+    guest = sandbox()
+    anywhere, loopback = Server(None, "0.0.0.0", 0, "host"), Server(None, "127.0.0.1", 0, "lo")
+    in_namespace = Server(guest.net.namespace, "0.0.0.0", 0, "namespace")
+    try:
+        assert reachable(None, INET_HOST, anywhere.port)  # the listeners are real
+        assert reachable(None, "127.0.0.1", loopback.port)
+        assert reachable(guest.net.namespace, guest.net.namespace_address, in_namespace.port)
+        for addr in (GATEWAY_ADDRESS, DNS_ADDRESS, guest.net.namespace_address):
+            assert not reachable(guest.netns, addr, in_namespace.port, timeout=0.5), addr
+        host_addrs = {a["local"] for link in json.loads(sh("ip", "-j", "-4", "addr"))
+                      for a in link["addr_info"]}
+        targets = host_addrs | {"127.0.0.1", GATEWAY_ADDRESS, DNS_ADDRESS,
+                                guest.net.host_address, guest.net.namespace_address}
+        for addr in sorted(targets):
+            for port in (anywhere.port, loopback.port):
+                assert not reachable(guest.netns, addr, port, timeout=0.5), (addr, port)
+        assert reachable(guest.netns, INET_A, 80)
+    finally:
+        anywhere.stop()
+        loopback.stop()
+        in_namespace.stop()
+
+
+def test_sandboxes_are_isolated(sandbox: Callable[..., Guest]) -> None:
+    a, b = sandbox(), sandbox()
+    in_guest = Server(b.netns, "0.0.0.0", 0, "guest b")
+    in_namespace = Server(b.net.namespace, "0.0.0.0", 0, "namespace b")
+    try:
+        assert reachable(b.netns, GUEST_ADDRESS, in_guest.port)
+        assert reachable(b.net.namespace, b.net.namespace_address, in_namespace.port)
+        for addr in (b.net.namespace_address, b.net.host_address):
+            for port in (in_guest.port, in_namespace.port):
+                assert not reachable(a.netns, addr, port, timeout=0.5), (addr, port)
+        assert reachable(a.netns, INET_A, 80) and reachable(b.netns, INET_A, 80)
+    finally:
+        in_guest.stop()
+        in_namespace.stop()
+
+
+def test_egress_rules(sandbox: Callable[..., Guest], manager: NetworkManager,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    guest = sandbox(NetworkPolicy(allow_out=(f"{INET_B}/32",)))
+    assert reachable(guest.netns, INET_B, 80)
+    assert not reachable(guest.netns, INET_A, 80)
+    assert dns_query(guest.netns, "example.test") == [INET_B]  # DNS server is INET_A
+
+    manager.update_egress(guest.id, NetworkPolicy(deny_out=(INET_B,)))
+    assert reachable(guest.netns, INET_A, 80)
+    assert not reachable(guest.netns, INET_B, 80)
+
+    manager.update_egress(guest.id, NetworkPolicy(allow_out=("198.51.100.0/24",),
+                                                  deny_out=("198.51.100.2/31",)))
+    assert not reachable(guest.netns, INET_A, 80)
+    assert not reachable(guest.netns, INET_B, 80)
+
+    real = socket.getaddrinfo
+
+    def fake(host: str, *args: object, **kwargs: object) -> list:
+        if host == "allowed.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (INET_A, 0))]
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(network.socket, "getaddrinfo", fake)
+    manager.update_egress(guest.id, NetworkPolicy(allow_out=("allowed.test",)))
+    assert reachable(guest.netns, INET_A, 80)
+    assert not reachable(guest.netns, INET_B, 80)
+
+
+def test_deny_cuts_open_connections(sandbox: Callable[..., Guest],
+                                    manager: NetworkManager) -> None:
+    guest = sandbox()
+    with new_socket(guest.netns) as s:
+        s.settimeout(TIMEOUT)
+        s.connect((INET_B, 7))
+        s.sendall(b"one")
+        assert s.recv(10) == b"one"
+        manager.update_egress(guest.id, NetworkPolicy(deny_out=(INET_B,)))
+        s.sendall(b"two")
+        with pytest.raises(OSError):
+            s.recv(10)
+
+
+def test_policy_errors(manager: NetworkManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> list:
+        raise socket.gaierror(socket.EAI_NONAME, "no such name")
+
+    monkeypatch.setattr(network.socket, "getaddrinfo", fail)
+    before = host_state()
+    with pytest.raises(InvalidArgumentError):
+        manager.setup("sb-bad", NetworkPolicy(allow_out=("nowhere.test",)))
+    with pytest.raises(InvalidArgumentError):
+        manager.setup("bad id!")
+    with pytest.raises(InvalidArgumentError):
+        NetworkManager(dns_servers=["not-an-ip"])
+    with pytest.raises(InvalidStateError):
+        manager.update_egress("sb-unknown", NetworkPolicy())
+    assert host_state() == before
+
+
+async def test_expose(sandbox: Callable[..., Guest], manager: NetworkManager) -> None:
+    guest = sandbox(NetworkPolicy(internet=False))
+    server = Server(guest.netns, "0.0.0.0", 8000, echo=True)
+    try:
+        host, port = await manager.expose(guest.id, 8000)
+        assert host == "127.0.0.1"
+        assert await manager.expose(guest.id, 8000) == (host, port)
+        payload = os.urandom(1 << 20)
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(payload)
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), 10) == payload
+            writer.close()
+
+        # nothing listens on that guest port: the connection is closed, not left hanging
+        host2, port2 = await manager.expose(guest.id, 8001)
+        reader, writer = await asyncio.open_connection(host2, port2)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+        reader, writer = await asyncio.open_connection(host, port)
+        manager.teardown(guest.id)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.sleep(0)
+        with pytest.raises(OSError):
+            await asyncio.open_connection(host, port)
+    finally:
+        server.stop()
+
+
+def test_teardown_and_cleanup_stale(manager: NetworkManager) -> None:
+    before = host_state()
+    ids = [f"sb-s{SFX}x{i}" for i in range(3)]
+    try:
+        nets = [manager.setup(i) for i in ids]
+        namespaces, links, objects = host_state()
+        assert {n.namespace for n in nets} <= namespaces
+        assert {n.host_veth for n in nets} <= links
+        assert {f"eg-{n.slot}" for n in nets} <= objects
+
+        manager.teardown(ids[0])
+        manager.teardown(ids[0])
+        assert nets[0].namespace not in host_state()[0]
+        assert wait_until(lambda: nets[0].host_veth not in host_state()[1])
+        assert not {o for o in host_state()[2] if o.endswith(f"-{nets[0].slot}")
+                    or o.endswith(f'"{nets[0].host_veth}"')}
+
+        # a new process: ids[1] is gone, ids[2] is still running and gets adopted
+        restarted = NetworkManager(dns_servers=[INET_A], pool=POOL)
+        existing = {n[3:] for n in host_state()[0]} | {
+            open(f"/sys/class/net/{link}/ifalias").read().strip() for link in host_state()[1]}
+        restarted.cleanup_stale(existing - {ids[1]})
+        assert nets[1].namespace not in host_state()[0]
+        assert restarted.get(ids[2]) == nets[2]
+        restarted.update_egress(ids[2], NetworkPolicy(internet=False))
+        restarted.teardown(ids[2])
+        manager.teardown(ids[1])
+        manager.teardown(ids[2])
+        assert wait_until(lambda: host_state() == before)
+    finally:
+        for i in ids:
+            manager.teardown(i)
+
+
+def test_failed_setup_leaves_nothing(manager: NetworkManager) -> None:
+    before = host_state()
+    with pytest.raises(SandboxError):
+        manager.setup(f"sb-f{SFX}", guest_netns="slt-no-such-namespace")
+    assert manager.get(f"sb-f{SFX}") is None
+    assert wait_until(lambda: host_state() == before)
+
+
+def test_setup_twice_is_refused(manager: NetworkManager) -> None:
+    sandbox_id = f"sb-d{SFX}"
+    try:
+        manager.setup(sandbox_id)
+        with pytest.raises(InvalidStateError):
+            manager.setup(sandbox_id)
+    finally:
+        manager.teardown(sandbox_id)
+
+
+def test_setup_and_teardown_are_fast(manager: NetworkManager) -> None:
+    setups, teardowns = [], []
+    for i in range(10):
+        sandbox_id = f"sb-p{SFX}x{i}"
+        t0 = time.perf_counter()
+        manager.setup(sandbox_id, NetworkPolicy(allow_out=("10.0.0.0/8",), deny_out=("10.1.2.3",)))
+        t1 = time.perf_counter()
+        manager.teardown(sandbox_id)
+        setups.append(t1 - t0)
+        teardowns.append(time.perf_counter() - t1)
+    setups.sort()
+    teardowns.sort()
+    print(f"setup median {setups[5] * 1000:.1f} ms max {setups[-1] * 1000:.1f} ms; "
+          f"teardown median {teardowns[5] * 1000:.1f} ms max {teardowns[-1] * 1000:.1f} ms")
+    assert setups[5] < 0.1 and teardowns[5] < 0.1
