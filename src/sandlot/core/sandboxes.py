@@ -14,6 +14,7 @@ from sandlot.core.config import Settings
 from sandlot.core.models import (
     CreateSandbox,
     ExecRequest,
+    NetworkSpec,
     SandboxRecord,
     SandboxState,
     now,
@@ -159,7 +160,7 @@ class SandboxManager:
                 )
                 if self.network is not None:
                     net = await self.network.attach(rec)
-                    spec = spec.with_(netdev=net.qemu_netdev(),
+                    spec = spec.with_(netdev=net.qemu_netdev()[-1],
                                       exec_prefix=tuple(net.netns_exec_prefix()))
                 machine = await vmm_snapshot.restore(spec, hot["devstate"])
                 await hotplug.apply(machine, rec.hotplug_mb, source.cpus, rec.cpus)
@@ -238,6 +239,34 @@ class SandboxManager:
             live.record.error = "the VM exited unexpectedly"
             await self._teardown(live, SandboxState.FAILED)
         return [lv.sandbox_id for lv in expired + dead]
+
+    # ---- network --------------------------------------------------------------------------
+
+    def _networking(self):
+        if self.network is None:
+            raise InvalidArgumentError("sandbox networking is off on this server "
+                                       "(SANDLOT_NETWORK=off or not running as root)")
+        return self.network
+
+    async def expose_port(self, sandbox_id: str, port: int) -> tuple[str, int]:
+        """A host address and port that reach `port` inside the sandbox."""
+        self.get_live(sandbox_id)
+        return await self._networking().expose(sandbox_id, port)
+
+    async def set_network(self, sandbox_id: str, internet: bool | None,
+                          network: NetworkSpec | None) -> SandboxRecord:
+        """Change a running sandbox's egress rules (applied outside the guest, atomically)."""
+        live = self.get_live(sandbox_id)
+        net = self._networking()
+        rec = live.record.model_copy()
+        if internet is not None:
+            rec.internet = internet
+        if network is not None:
+            rec.network = network
+        await net.update(rec)
+        live.record.internet, live.record.network = rec.internet, rec.network
+        self._save(live.record)
+        return live.record
 
     # ---- snapshots, fork, rollback --------------------------------------------------------
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sandlot.core.config import Settings
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
+from sandlot.core.networking import Networking
 from sandlot.core.runtime import LiveSandbox
 from sandlot.core.sandboxes import SandboxManager
 from sandlot.core.snapshots import SnapshotManager
@@ -28,8 +29,11 @@ log = logging.getLogger(__name__)
 class Core:
     """Everything below the HTTP layer. `await start()` before use, `await stop()` after."""
 
-    def __init__(self, settings: Settings | None = None, network=None) -> None:
+    def __init__(self, settings: Settings | None = None, network="auto") -> None:
         self.settings = settings or Settings.from_env()
+        if network == "auto":
+            network = Networking.from_env()
+        self.network = network
         self.settings.ensure()
         self.db = MetadataStore(self.settings.db_path)
         self.hot = HotCache(self.settings.hot_dir)
@@ -79,6 +83,12 @@ class Core:
                 with contextlib.suppress(SandlotError):
                     transition(rec, SandboxState.STOPPED)
                 self.db.put_sandbox(rec.sandbox_id, rec.state.value, to_doc(rec))
+        if self.network is not None:
+            lost = await self.network.recover([lv.record for lv in adopted.values()])
+            for sandbox_id in lost:
+                live = adopted.pop(sandbox_id)
+                live.record.error = "its network could not be recovered after a restart"
+                await self.sandboxes._teardown(live, SandboxState.FAILED)
         keep_pids = {lv.machine.pid for lv in adopted.values()}
         kill_orphans(self.settings.run_root, keep_pids)
         for root in (self.settings.run_root, self.settings.disks_dir):

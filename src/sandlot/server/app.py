@@ -24,7 +24,7 @@ from sandlot.server.routes_snapshots import router as snapshots_router
 VERSION = "0.1.0"
 
 
-def create_app(settings: Settings | None = None, *, network: object | None = None,
+def create_app(settings: Settings | None = None, *, network: object | None = "auto",
                kill_on_shutdown: bool = False) -> FastAPI:
     """Build the app; the core starts (and recovers) in the lifespan."""
     settings = settings or Settings.from_env()

@@ -7,7 +7,7 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
-from sandlot.core.models import CreateSandbox, SandboxRecord, SnapshotRecord
+from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotRecord
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
 
@@ -98,3 +98,31 @@ async def rollback_sandbox(sandbox_id: str, body: RollbackBody, request: Request
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
     return core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+
+
+class PortBody(BaseModel):
+    port: int = Field(ge=1, le=65535)
+
+
+class NetworkBody(BaseModel):
+    internet: bool | None = None
+    allow_out: list[str] | None = None
+    deny_out: list[str] | None = None
+
+
+@router.post("/{sandbox_id}/ports")
+async def expose_port(sandbox_id: str, body: PortBody, request: Request) -> dict:
+    host, port = await core(request).sandboxes.expose_port(sandbox_id, body.port)
+    return {"host": host, "port": port, "address": f"{host}:{port}"}
+
+
+@router.put("/{sandbox_id}/network", response_model=SandboxRecord)
+async def set_network(sandbox_id: str, body: NetworkBody, request: Request) -> SandboxRecord:
+    sandboxes = core(request).sandboxes
+    network = None
+    if body.allow_out is not None or body.deny_out is not None:
+        current = sandboxes.get(sandbox_id).network or NetworkSpec()
+        network = NetworkSpec(
+            allow_out=body.allow_out if body.allow_out is not None else current.allow_out,
+            deny_out=body.deny_out if body.deny_out is not None else current.deny_out)
+    return await sandboxes.set_network(sandbox_id, body.internet, network)

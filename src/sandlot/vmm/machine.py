@@ -24,6 +24,17 @@ from sandlot.vmm.accel import accel_args
 log = logging.getLogger(__name__)
 
 QEMU = "qemu-system-x86_64"
+# Bump when the device model changes: snapshots of one model do not load into another, so
+# template builds hash this in and get rebuilt.
+DEVICE_MODEL = "3"
+# No backend state in the migration stream (QEMU's user network has a 'slirp' section), so a
+# snapshot loads whatever backend its restore uses. Packets sent here go nowhere.
+NO_NETWORK = "hubport,id=net0,hubid=0"
+# Offloads need a vnet-header backend (tap); with them off, the NIC's negotiated features are
+# the same on every backend, so its state migrates between a tap and NO_NETWORK.
+NIC_FEATURES = ",".join(f"{f}=off" for f in (
+    "csum", "guest_csum", "gso", "host_tso4", "host_tso6", "host_ecn", "host_ufo",
+    "guest_tso4", "guest_tso6", "guest_ecn", "guest_ufo", "guest_announce"))
 MAX_CPUS = 8
 MAX_MEM_MB = 16384
 MEM_SLOTS = 4
@@ -49,7 +60,7 @@ class MachineSpec:
     dimm_mb: int = 0  # hotplugged memory: one pc-dimm
     dimm_path: Path | None = None  # None: anonymous RAM
     incoming: bool = False
-    netdev: str = "user,id=net0,restrict=on"
+    netdev: str = NO_NETWORK
     exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-...")
     extra: tuple[str, ...] = field(default=())
 
@@ -111,7 +122,7 @@ class MachineSpec:
             "-object", "rng-random,id=rng0,filename=/dev/urandom",
             "-device", "virtio-rng-pci,rng=rng0",
             "-netdev", self.netdev,
-            "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile=",
+            "-device", f"virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile=,{NIC_FEATURES}",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.run_dir / "qemu.pid"),
             *self.dimm_args(),
@@ -253,7 +264,12 @@ class Machine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            status = await self.status()
+            try:
+                status = await self.status()
+            except VmmError as e:
+                await asyncio.sleep(0.05)
+                raise VmmError(f"QEMU failed while loading the snapshot: "
+                               f"{self.log_tail(800) or e}") from e
             if status in ("paused", "running", "prelaunch"):
                 return
             if status not in ("inmigrate",):

@@ -66,6 +66,9 @@ GATEWAY_ADDRESS = "10.0.2.2"
 DNS_ADDRESS = "10.0.2.3"
 GUEST_PREFIX = 24
 TAP = "tap0"
+# The gateway's MAC is the one QEMU's user-mode network uses for 10.0.2.2, so a guest snapshotted
+# on either backend keeps a valid ARP entry for its gateway after a restore.
+GATEWAY_MAC = "52:55:0a:00:02:02"
 NETNS_PREFIX = "sl-"
 VETH_PREFIX = "slv"
 TABLE = "inet sandlot"
@@ -110,7 +113,7 @@ class SandboxNetwork:
 
     def qemu_netdev(self) -> list[str]:
         """The ``-netdev`` arguments; pair them with ``-device virtio-net-pci,netdev=net0``."""
-        return ["-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no"]
+        return ["-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off"]
 
     def netns_exec_prefix(self) -> list[str]:
         """Prefix a command with this to run it inside the sandbox's namespace."""
@@ -462,6 +465,7 @@ class NetworkManager:
         ns_ip = [
             "link set lo up",
             guest_link,
+            f"link set {TAP} address {GATEWAY_MAC}",
             f"addr add {GATEWAY_ADDRESS}/{GUEST_PREFIX} dev {TAP}",
             f"addr add {DNS_ADDRESS}/32 dev {TAP}",
             f"link set {TAP} up",

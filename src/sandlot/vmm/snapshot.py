@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sandlot.errors import VmmError
 from sandlot.vmm.disk import create_overlay
-from sandlot.vmm.machine import Machine, MachineSpec
+from sandlot.vmm.machine import NO_NETWORK, Machine, MachineSpec
 
 MIGRATE_PARAMS = {
     "max-bandwidth": 64 << 30,  # unthrottled: the stream is a local unix socket
@@ -64,7 +64,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     await create_overlay(holder_disk, frozen_disk, "qcow2", max(size, 1 << 20))
     holder_spec = source.spec.with_(
         run_dir=holder_dir, disk=holder_disk, ram_path=ram, ram_share=True, incoming=True,
-        netdev="user,id=net0,restrict=on", exec_prefix=(),
+        netdev=NO_NETWORK, exec_prefix=(),
         dimm_path=out_dir / "ram.dimm" if source.spec.dimm_mb else None,
     )
     holder = await Machine.launch(holder_spec)
@@ -107,6 +107,8 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             {"capability": "x-ignore-shared", "state": True}]})
         await holder.execute("migrate", {"uri": f"exec:cat > {devstate}"})
         await holder.wait_migration(("completed",), timeout=60)
+    except VmmError as e:
+        raise VmmError(f"{e.message} (holder: {holder.log_tail(600) or 'no output'})") from e
     finally:
         await holder.kill()
         shutil.rmtree(holder_dir, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""Sandbox networking in core: a namespace per sandbox (vmm.network), driven from records.
+
+Off when ``SANDLOT_NETWORK=off`` (sandboxes then get QEMU's restricted user network: no
+outbound access at all). ``SANDLOT_DNS`` (comma-separated) overrides the upstream resolvers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+
+from sandlot.core.models import SandboxRecord
+from sandlot.errors import InvalidArgumentError
+from sandlot.vmm.network import NetworkManager, NetworkPolicy, SandboxNetwork
+
+log = logging.getLogger(__name__)
+
+
+def policy_of(rec: SandboxRecord) -> NetworkPolicy:
+    net = rec.network
+    return NetworkPolicy(internet=rec.internet,
+                         allow_out=tuple(net.allow_out) if net else (),
+                         deny_out=tuple(net.deny_out) if net else ())
+
+
+class Networking:
+    """Async face of NetworkManager for the sandbox manager."""
+
+    def __init__(self, manager: NetworkManager) -> None:
+        self.manager = manager
+
+    @classmethod
+    def from_env(cls) -> Networking | None:
+        if os.environ.get("SANDLOT_NETWORK", "on").lower() in ("off", "0", "no"):
+            return None
+        if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
+            log.warning("sandbox networking is off: it needs root, nft and ip")
+            return None
+        dns = [s.strip() for s in os.environ.get("SANDLOT_DNS", "").split(",") if s.strip()]
+        pool = os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16")
+        return cls(NetworkManager(dns_servers=dns or None, pool=pool))
+
+    async def attach(self, rec: SandboxRecord) -> SandboxNetwork:
+        return await asyncio.to_thread(self.manager.setup, rec.sandbox_id, policy_of(rec))
+
+    async def detach(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self.manager.teardown, sandbox_id)
+
+    async def update(self, rec: SandboxRecord) -> None:
+        await asyncio.to_thread(self.manager.update_egress, rec.sandbox_id, policy_of(rec))
+
+    async def expose(self, sandbox_id: str, port: int) -> tuple[str, int]:
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError("port must be between 1 and 65535")
+        return await self.manager.expose(sandbox_id, port)
+
+    async def recover(self, live: list[SandboxRecord]) -> list[str]:
+        """Drop every namespace not of `live`; re-apply the live ones' egress rules.
+
+        Returns the ids whose network could not be recovered.
+        """
+        await asyncio.to_thread(self.manager.cleanup_stale, {r.sandbox_id for r in live})
+        lost = []
+        for rec in live:
+            try:
+                await asyncio.to_thread(self.manager.update_egress, rec.sandbox_id,
+                                        policy_of(rec))
+            except Exception as e:  # noqa: BLE001 - reported; the sandbox is then stopped
+                log.warning("network of %s not recovered: %s", rec.sandbox_id, e)
+                lost.append(rec.sandbox_id)
+        return lost
