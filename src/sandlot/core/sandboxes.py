@@ -29,6 +29,7 @@ from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
     CommandTimeoutError,
     InvalidArgumentError,
+    InvalidStateError,
     NotFoundError,
     SandlotError,
     VmmError,
@@ -334,6 +335,26 @@ class SandboxManager:
             rec.disk_index = 0
             await self._start(rec, source)
         self.snapshots.release(old_key)
+        return rec
+
+    async def restore_as(self, sandbox_id: str, snapshot: str,
+                         timeout: int | None = None) -> SandboxRecord:
+        """Start a stopped sandbox again from `snapshot`, under its old id, env and metadata.
+
+        E2B's pause and resume are a snapshot and a kill, then this.
+        """
+        old = self.get(sandbox_id)
+        if sandbox_id in self.live or old.state != SandboxState.STOPPED:
+            raise InvalidStateError(f"sandbox {sandbox_id} is {old.state.value}",
+                                    current=old.state.value, allowed=("stopped",))
+        source = self.snapshots.source(snapshot)
+        req = CreateSandbox(env=old.env, metadata=old.metadata, internet=old.internet,
+                            network=old.network,
+                            timeout=old.timeout if timeout is None else timeout)
+        rec = self._new_record(source, req)
+        rec.sandbox_id = sandbox_id
+        rec.template = old.template
+        await self._start(rec, source)
         return rec
 
     # ---- commands -------------------------------------------------------------------------
