@@ -457,8 +457,7 @@ class SandboxManager:
             else:
                 with contextlib.suppress(Exception):
                     await live.agent.close()
-                with contextlib.suppress(Exception):
-                    await live.machine.qmp.disconnect()
+                await live.machine.disconnect()
         self.live.clear()
 
 

@@ -14,6 +14,7 @@ import glob
 import grp
 import os
 import pwd
+import select
 import shutil
 import signal
 import stat as statmod
@@ -54,11 +55,23 @@ def find_port() -> str:
 
 
 class Channel:
-    """The virtio-serial port: blocking writes under a lock, reads in the main loop."""
+    """The virtio-serial port, non-blocking: writes under a lock, reads in the main loop.
+
+    A read of the port returns at most one 4 KiB virtqueue buffer, so the reader uses readv
+    with many buffers: one system call drains everything the host has queued (the port is
+    non-blocking, so readv stops at the first empty buffer instead of waiting).
+    """
+
+    READ_BUFFERS = 256
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDWR)
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
         self._lock = threading.Lock()
+        self._out = select.poll()
+        self._out.register(self.fd, select.POLLOUT)
+        self._in = select.poll()
+        self._in.register(self.fd, select.POLLIN)
+        self._bufs = [bytearray(4096) for _ in range(self.READ_BUFFERS)]
 
     def send(self, header: dict, payload: bytes = b"") -> None:
         data = memoryview(encode(header, payload))
@@ -68,10 +81,29 @@ class Channel:
                     n = os.write(self.fd, data)
                 except InterruptedError:
                     continue
+                except BlockingIOError:
+                    self._out.poll(100)
+                    continue
                 except OSError:
                     time.sleep(0.005)  # host away: wait for it to come back
                     continue
                 data = data[n:]
+
+    def recv(self) -> bytes:
+        """Whatever the host has sent; b"" when no host is connected."""
+        while True:
+            self._in.poll(1000)
+            try:
+                n = os.readv(self.fd, self._bufs)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return b""
+            full, rest = divmod(n, 4096)
+            data = b"".join(self._bufs[:full])
+            if rest:
+                data += bytes(self._bufs[full][:rest])
+            return data
 
 
 class Proc:
@@ -571,12 +603,7 @@ def main() -> None:
     agent = Agent(chan)
     decoder = FrameDecoder()
     while True:
-        try:
-            data = os.read(chan.fd, 1 << 20)
-        except InterruptedError:
-            continue
-        except OSError:
-            data = b""
+        data = chan.recv()
         if not data:
             # No host connected: the port reads EOF until one connects. Drop partial input.
             decoder.reset()

@@ -7,6 +7,7 @@ bounded per-request queues, so a slow consumer back-pressures the guest instead 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -110,10 +111,8 @@ class AgentClient:
         if self._task:
             self._task.cancel()
         self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except (OSError, asyncio.CancelledError):
-            pass
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
         self._fail(GuestError("agent connection closed"))
 
     @property

@@ -295,8 +295,6 @@ class Machine:
 
     async def kill(self, grace: float = 0.0) -> None:
         """Stop the process (SIGKILL after `grace` seconds of asking nicely) and reap it."""
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.qmp.disconnect(), 1.0)
         if grace and not self.exited:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
@@ -305,6 +303,15 @@ class Machine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         await self._reap(5.0)
+        await self.disconnect()
+
+    async def disconnect(self) -> None:
+        """Drop the QMP session without waiting on it for long (qemu.qmp can linger)."""
+        task = asyncio.ensure_future(self.qmp.disconnect())
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        if done:
+            with contextlib.suppress(Exception):
+                task.result()
 
     async def _reap(self, timeout: float) -> None:
         if self._proc is not None:
