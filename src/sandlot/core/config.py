@@ -1,4 +1,10 @@
-"""Where sandlot keeps things, and the knobs the server runs with."""
+"""Where sandlot keeps things, and the knobs the server runs with.
+
+Environment: SANDLOT_DATA_DIR (metadata, disks, snapshot store; default /var/lib/sandlot),
+SANDLOT_IMAGES_DIR (templates; default <data>/images), SANDLOT_STORE_DIR (snapshot blobs;
+default <data>/store), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so
+several servers can share a host), SANDLOT_ACCEL (kvm|tcg).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ class Settings:
 
     data_dir: Path = field(default_factory=default_data_dir)
     images_dir: Path | None = None
+    store_path: Path | None = None  # snapshot blob store; default <data_dir>/store
     run_root: Path = Path("/run/sandlot")
     shm_root: Path = Path("/dev/shm/sandlot")
     accel: str = field(default_factory=detect_accel)
@@ -35,8 +42,10 @@ class Settings:
         tag = os.environ.get("SANDLOT_INSTANCE", "")
         run_root = Path("/run/sandlot" + (f"-{tag}" if tag else ""))
         shm_root = Path("/dev/shm/sandlot" + (f"-{tag}" if tag else ""))
+        store = os.environ.get("SANDLOT_STORE_DIR")
         return cls(data_dir=data, images_dir=Path(images) if images else None,
-                   run_root=run_root, shm_root=shm_root)
+                   store_path=Path(store) if store else None, run_root=run_root,
+                   shm_root=shm_root)
 
     @property
     def images(self) -> Path:
@@ -48,7 +57,7 @@ class Settings:
 
     @property
     def store_dir(self) -> Path:
-        return self.data_dir / "store"
+        return self.store_path or (self.data_dir / "store")
 
     @property
     def disks_dir(self) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 import secrets
 import sqlite3
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from sandlot.errors import (
 from sandlot.images.spec import NAME_RE
 from sandlot.storage.blobs import BlobStore
 from sandlot.vmm import snapshot as vmm_snapshot
-from sandlot.vmm.disk import flatten_onto
+from sandlot.vmm.disk import flatten_onto, merge_below_top
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +183,26 @@ class SnapshotManager:
             await flatten_onto(result.disk, self.hot.paths(key)["disk"],
                                self.templates.builds / rec.base / "rootfs.ext4", "raw")
             self.hot.mark_ready(key)
+            self._spawn(self._compact(live, result.disk))
             rec.pause_ms = round(result.pause_ms, 2)
             rec.capture_ms = round(result.total_ms, 2)
         except BaseException as e:
             self._fail(rec, e)
             raise
         return rec
+
+    async def _compact(self, live: LiveSandbox, frozen: Path) -> None:
+        """Keep the sandbox's disk chain at three layers (its overlay, its source's disk, the
+        template's root filesystem): merge the overlay a snapshot froze into the new one."""
+        async with live.lock:
+            if live.machine.exited:
+                return
+            try:
+                await merge_below_top(live.machine, self.hot.paths(live.record.source_key)["disk"])
+            except SandlotError as e:
+                log.warning("disk chain of %s not compacted: %s", live.sandbox_id, e)
+                return
+            frozen.unlink(missing_ok=True)
 
     async def upload(self, rec: SnapshotRecord) -> SnapshotRecord:
         key = rec.snapshot_id

@@ -45,3 +45,24 @@ async def virtual_size(path: Path) -> int:
 
 async def rebase_unsafe(path: Path, backing: Path, backing_fmt: str) -> None:
     await _qemu_img("rebase", "-u", "-b", str(backing), "-F", backing_fmt, str(path))
+
+
+async def merge_below_top(machine, base_file: Path, timeout: float = 600) -> None:
+    """Copy the layers between `machine`'s top disk node and `base_file` into the top node
+    (QMP block-stream), so its backing chain is top <- base_file again; the merged layers are
+    then unused. Runs while the guest runs."""
+    nodes = await machine.execute("query-named-block-nodes", {"flat": True})
+    base = next((n["node-name"] for n in nodes
+                 if n.get("drv") == "qcow2" and n.get("file") == str(base_file)), None)
+    if base is None:
+        raise VmmError(f"no disk node for {base_file}")
+    job = f"merge-{machine.top_node}"
+    await machine.execute("block-stream", {"job-id": job, "device": machine.top_node,
+                                           "base-node": base})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while any(j.get("device") == job or j.get("id") == job
+              for j in await machine.execute("query-block-jobs")):
+        if loop.time() > deadline:
+            raise VmmError(f"block-stream {job} did not finish in {timeout}s")
+        await asyncio.sleep(0.02)
