@@ -135,6 +135,21 @@ def set_timeout(sandbox_id: str, seconds: int) -> Request:
     return Request("POST", _sb(sandbox_id) + "/timeout", json={"timeout": seconds})
 
 
+def expose_port(sandbox_id: str, port: int) -> Request:
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidArgumentError(f"port must be an integer in 1..65535, got {port!r}")
+    return Request("POST", _sb(sandbox_id) + "/ports", json={"port": port})
+
+
+def set_network(sandbox_id: str, *, internet: bool | None = None,
+                allow_out: list[str] | None = None, deny_out: list[str] | None = None) -> Request:
+    return Request("PUT", _sb(sandbox_id) + "/network", json={
+        "internet": internet,
+        "allow_out": list(allow_out) if allow_out is not None else None,
+        "deny_out": list(deny_out) if deny_out is not None else None,
+    })
+
+
 def fork_sandbox(sandbox_id: str, count: int) -> Request:
     if not isinstance(count, int) or count < 1:
         raise InvalidArgumentError(f"count must be a positive integer, got {count!r}")

@@ -119,6 +119,18 @@ class Sandbox:
         self._info = SandboxInfo.model_validate(
             self._api.call(_base.set_timeout(self.sandbox_id, seconds)))
 
+    def get_host(self, port: int) -> str:
+        """``host:port`` on which the server's host reaches `port` inside the sandbox."""
+        data = self._api.call(_base.expose_port(self.sandbox_id, port))
+        return str(data["address"])
+
+    def set_network(self, *, internet: bool | None = None,
+                    allow_out: list[str] | None = None,
+                    deny_out: list[str] | None = None) -> None:
+        """Change the egress rules of the running sandbox (None leaves a setting as it is)."""
+        self._info = SandboxInfo.model_validate(self._api.call(_base.set_network(
+            self.sandbox_id, internet=internet, allow_out=allow_out, deny_out=deny_out)))
+
     def kill(self) -> bool:
         """Stop the sandbox. True if this call killed it, False if it was already gone."""
         try:
