@@ -1,0 +1,83 @@
+"""Files through the SDK: every operation, and a 200 MB streamed round trip."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from sandlot import InvalidArgumentError, NotFoundError, Sandbox
+
+
+@pytest.fixture(scope="module")
+def box(server):
+    sbx = Sandbox.create(timeout=900)
+    yield sbx
+    sbx.kill()
+
+
+def test_write_read_text_and_bytes(box):
+    info = box.files.write("/tmp/deep/er/hello.txt", "hello\n")
+    assert info.path == "/tmp/deep/er/hello.txt" and info.size == 6
+    assert box.files.read("/tmp/deep/er/hello.txt") == "hello\n"
+    payload = bytes(range(256)) * 4
+    box.files.write("/tmp/bin.dat", payload)
+    assert box.files.read("/tmp/bin.dat", format="bytes") == payload
+    assert box.commands.run("cat /tmp/deep/er/hello.txt").stdout == "hello\n"
+
+
+def test_list_stat_exists_mkdir_rename_remove(box):
+    assert box.files.make_dir("/tmp/d1/sub") is True
+    assert box.files.make_dir("/tmp/d1/sub") is False
+    box.files.write("/tmp/d1/a.txt", "a")
+    box.files.write("/tmp/d1/sub/b.txt", "bb")
+    names = {e.name: e.type for e in box.files.list("/tmp/d1")}
+    assert names == {"a.txt": "file", "sub": "dir"}
+    deep = {e.path for e in box.files.list("/tmp/d1", depth=2)}
+    assert "/tmp/d1/sub/b.txt" in deep
+    st = box.files.stat("/tmp/d1/sub/b.txt")
+    assert st.size == 2 and st.type == "file" and st.owner == "root"
+    box.files.rename("/tmp/d1/a.txt", "/tmp/d1/c.txt")
+    assert not box.files.exists("/tmp/d1/a.txt") and box.files.exists("/tmp/d1/c.txt")
+    box.files.remove("/tmp/d1")
+    assert not box.files.exists("/tmp/d1")
+    with pytest.raises(NotFoundError):
+        box.files.list("/tmp/d1")
+    with pytest.raises(NotFoundError):
+        box.files.remove("/tmp/d1")
+    with pytest.raises(InvalidArgumentError):
+        box.files.read("/tmp")  # a directory
+
+
+def test_write_as_user_sets_owner(box):
+    box.files.write("/home/user/work/notes.txt", "mine", user="user")
+    assert box.files.stat("/home/user/work/notes.txt").owner == "user"
+    assert box.commands.run("echo more >> ~/work/notes.txt && cat ~/work/notes.txt",
+                            user="user").stdout == "minemore\n"
+
+
+def test_200mb_round_trip(box, tmp_path):
+    size_mb = 200
+    block = os.urandom(1 << 20)
+    sha = hashlib.sha256()
+
+    def chunks():
+        for i in range(size_mb):
+            chunk = block[i:] + block[:i]
+            sha.update(chunk)
+            yield chunk
+
+    info = box.files.write("/home/user/big.bin", chunks())
+    assert info.size == size_mb << 20
+    guest_sum = box.commands.run("sha256sum /home/user/big.bin", timeout=300).stdout.split()[0]
+    assert guest_sum == sha.hexdigest()
+    back = hashlib.sha256()
+    total = 0
+    with box.files.read("/home/user/big.bin", format="stream") as stream:
+        for chunk in stream:
+            assert len(chunk) <= 4 << 20  # streamed, never whole
+            back.update(chunk)
+            total += len(chunk)
+    assert total == size_mb << 20 and back.hexdigest() == sha.hexdigest()
+    box.files.remove("/home/user/big.bin")
