@@ -16,6 +16,7 @@ from sandlot.core.service import Core
 from sandlot.errors import SandlotError
 from sandlot.server import errors
 from sandlot.server.auth import require_key
+from sandlot.server.e2b import router as e2b_router
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_files import router as files_router
 from sandlot.server.routes_sandboxes import router as sandboxes_router
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None, *, network: object | None = "au
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router):
         app.include_router(router, dependencies=auth)
+    app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
 
     @app.get("/health", tags=["health"])
     async def health() -> dict:

@@ -10,6 +10,7 @@ Errors of the e2b layer itself sit next to sandlot's tree:
 
     SandlotError
     ├── Unsupported          501  an E2B call sandlot does not serve (the message says what does)
+    ├── OutputOverflow       429  a client left too much command output unread
     └── SandboxNotRunning    502  an envd call for a sandbox that is not running; E2B's proxy
                                    answers this with "... was not found", which the SDK turns
                                    into SandboxNotRunningException
@@ -22,6 +23,7 @@ import logging
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from sandlot.errors import (
     AuthenticationError,
@@ -41,6 +43,12 @@ class Unsupported(SandlotError):
     """An E2B call sandlot does not serve; the message names what sandlot offers instead."""
 
     status = 501
+
+
+class OutputOverflow(SandlotError):
+    """A client left more command output unread than the server holds for it."""
+
+    status = 429
 
 
 class SandboxNotRunning(SandlotError):
@@ -63,6 +71,7 @@ CONNECT_CODES: dict[type[SandlotError], str] = {
     SandboxError: "unavailable",
     SandboxNotRunning: "unavailable",
     Unsupported: "unimplemented",
+    OutputOverflow: "resource_exhausted",
 }
 # Connect code -> HTTP status, from the Connect protocol spec.
 CONNECT_STATUS: dict[str, int] = {
@@ -77,7 +86,7 @@ CONNECT_STATUS: dict[str, int] = {
 def _message(exc: BaseException) -> str:
     if isinstance(exc, SandlotError):
         return exc.message or str(exc) or type(exc).__name__
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, RequestValidationError | ValidationError):
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
@@ -89,13 +98,13 @@ def _message(exc: BaseException) -> str:
 def http_status(exc: BaseException) -> int:
     if isinstance(exc, SandlotError):
         return exc.status
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, RequestValidationError | ValidationError):
         return 400
     return 500
 
 
 def connect_code(exc: BaseException) -> str:
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, RequestValidationError | ValidationError):
         return "invalid_argument"
     for cls in type(exc).__mro__:
         if cls in CONNECT_CODES:

@@ -1,0 +1,24 @@
+"""E2B compatibility: the unmodified `e2b` SDK works against a sandlot server.
+
+Point the SDK at it with::
+
+    E2B_API_URL=http://<host>:<port>/e2b            # control plane (api.py)
+    E2B_SANDBOX_URL=http://<host>:<port>/e2b/envd   # in-sandbox envd, every sandbox (envd.py)
+    E2B_API_KEY=<a sandlot API key>
+
+Modules: `api` (REST routes), `envd` (in-sandbox routing and auth), `process` and
+`filesystem` (the Connect services), `files` (/files, /health), `connect` (framing),
+`convert` (shapes, users, paths), `lifecycle` (pause/resume as snapshots), `errors`
+(every error shape, in one place). See docs/e2b.md.
+"""
+
+from fastapi import APIRouter
+
+from sandlot.server.e2b.api import router as api_router
+from sandlot.server.e2b.envd import router as envd_router
+
+router = APIRouter()
+router.include_router(envd_router)  # first: the API's catch-all would shadow /e2b/envd
+router.include_router(api_router)
+
+__all__ = ["router"]

@@ -1,0 +1,379 @@
+"""E2B's control-plane REST API (the paths the `e2b` SDK calls), under ``/e2b``.
+
+Auth is sandlot's API key, which the SDK sends as ``X-API-KEY``. Every error is E2B's
+``{"code", "message"}``; calls sandlot does not serve answer 501 saying what it offers instead.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
+from sandlot.core.service import Core
+from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError, SandlotError
+from sandlot.server.auth import require_key
+from sandlot.server.deps import core
+from sandlot.server.e2b import convert
+from sandlot.server.e2b.errors import Unsupported, api_error
+from sandlot.server.e2b.lifecycle import is_pause_snapshot
+from sandlot.server.e2b.state import E2BState, e2b_state
+
+PREFIX = "/e2b"
+MAX_PAGE = 100
+
+
+class E2BRoute(APIRoute):
+    """Answers every error of the route, request validation included, in E2B's shape."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as e:  # noqa: BLE001 - the one error boundary of the E2B API
+                return api_error(e, request)
+
+        return route
+
+
+router = APIRouter(prefix=PREFIX, route_class=E2BRoute, dependencies=[Depends(require_key)],
+                   include_in_schema=False)
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class NewSandbox(Body):
+    template_id: str = Field(alias="templateID", min_length=1)
+    timeout: int | None = Field(None, ge=0)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(None, alias="envVars")
+    allow_internet_access: bool | None = None
+    network: dict | None = None
+    auto_pause: bool | None = Field(None, alias="autoPause")
+    auto_resume: dict | None = Field(None, alias="autoResume")
+    mcp: dict | None = None
+    iam: dict | None = None
+    volume_mounts: list | None = Field(None, alias="volumeMounts")
+
+
+class TimeoutBody(Body):
+    timeout: int = Field(ge=0)
+
+
+class RefreshBody(Body):
+    duration: int | None = Field(None, ge=0)
+
+
+class ConnectBody(Body):
+    timeout: int | None = Field(None, ge=0)
+    memory: bool | None = None
+
+
+class PauseBody(Body):
+    memory: bool | None = None
+
+
+class ForkBody(Body):
+    timeout: int | None = Field(None, ge=0)
+    count: int | None = Field(None, ge=1, le=64)
+
+
+class SnapshotBody(Body):
+    name: str | None = None
+    memory: bool | None = None
+
+
+class NetworkUpdate(Body):
+    allow_out: list[str] | None = Field(None, alias="allowOut")
+    deny_out: list[str] | None = Field(None, alias="denyOut")
+    allow_internet_access: bool | None = None
+    dns_servers: list | None = Field(None, alias="dnsServers")
+    egress_proxy: dict | None = Field(None, alias="egressProxy")
+    rules: dict | None = None
+
+
+def _require_memory(memory: bool | None, what: str) -> None:
+    if memory is False:
+        raise InvalidArgumentError(
+            f"sandlot {what} always keeps memory (a full snapshot restored in milliseconds); "
+            "filesystem-only snapshots and reboot-on-resume are not supported, so leave "
+            "mode/on_resume at their defaults")
+
+
+def _network(raw: dict | None) -> NetworkSpec | None:
+    if not raw:
+        return None
+    extra = {k for k, v in raw.items()
+             if v not in (None, [], {}) and k not in ("allowOut", "denyOut",
+                                                      "allowPublicTraffic")}
+    if extra:
+        raise Unsupported(f"sandlot's egress rules are allow_out/deny_out lists only; "
+                          f"{', '.join(sorted(extra))} is not supported")
+    return NetworkSpec(allow_out=raw.get("allowOut") or [], deny_out=raw.get("denyOut") or [])
+
+
+def _check_create(body: NewSandbox) -> None:
+    if body.auto_pause:
+        raise Unsupported("sandlot does not pause on timeout (lifecycle on_timeout='pause'); "
+                          "call pause() before the timeout, or raise it with set_timeout()")
+    if body.auto_resume and body.auto_resume.get("enabled"):
+        raise Unsupported("sandlot does not auto-resume paused sandboxes; use "
+                          "Sandbox.connect(sandbox_id)")
+    if body.mcp:
+        raise Unsupported("sandlot has no MCP gateway template")
+    if body.iam and body.iam.get("tokens"):
+        raise Unsupported("sandlot has no workload identity (iam) tokens")
+    if body.volume_mounts:
+        raise Unsupported("sandlot has no volumes; upload files with files.write() or start "
+                          "from a snapshot that has them")
+
+
+def _answer(st: E2BState, rec: SandboxRecord, status: int) -> JSONResponse:
+    return JSONResponse(convert.created(rec, st.tokens.token(rec.sandbox_id)), status)
+
+
+# ---- sandboxes ---------------------------------------------------------------------------
+
+
+@router.post("/sandboxes")
+@router.post("/v2/sandboxes")
+async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
+    c, st = core(request), e2b_state(request)
+    _check_create(body)
+    src = await st.lifecycle.source(body.template_id)
+    req = CreateSandbox(template=src.template, snapshot_id=src.snapshot_id,
+                        env=body.env_vars or {}, metadata=body.metadata or {},
+                        timeout=body.timeout, internet=body.allow_internet_access is not False,
+                        network=_network(body.network))
+    rec = await c.sandboxes.create(req)
+    return _answer(st, rec, 201)
+
+
+def _all_sandboxes(c: Core, st: E2BState) -> list[tuple[SandboxRecord, str]]:
+    running = [(r, "running") for r in c.sandboxes.list()]
+    return running + [(r, "paused") for r in st.lifecycle.paused()]
+
+
+def _metadata_query(raw: str | None) -> dict[str, str]:
+    # The SDK sends urlencode({quote(k): quote(v)}) as one query parameter.
+    if not raw:
+        return {}
+    return {urllib.parse.unquote(k): urllib.parse.unquote(v)
+            for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
+
+
+def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict]:
+    if limit is not None and limit < 1:
+        raise InvalidArgumentError("limit must be at least 1")
+    size = min(limit or MAX_PAGE, MAX_PAGE)
+    try:
+        start = int(token or 0)
+    except ValueError:
+        raise InvalidArgumentError(f"invalid nextToken {token!r}") from None
+    page = items[start:start + size]
+    headers = {"x-next-token": str(start + size)} if start + size < len(items) else {}
+    return page, headers
+
+
+@router.get("/sandboxes")
+@router.get("/v2/sandboxes")
+async def list_sandboxes(request: Request, metadata: str | None = None,
+                         state: str | None = None, template: str | None = None,
+                         order: str | None = None, limit: int | None = None) -> JSONResponse:
+    c, st = core(request), e2b_state(request)
+    q = request.query_params
+    next_token = q.get("nextToken")
+    started_after = q.get("startedAfter")
+    wanted = _metadata_query(metadata)
+    states = {s for part in (state or "").split(",") if (s := part.strip())}
+    items = _all_sandboxes(c, st)
+    if wanted:
+        items = [(r, s) for r, s in items if all(r.metadata.get(k) == v
+                                                 for k, v in wanted.items())]
+    if states:
+        items = [(r, s) for r, s in items if s in states]
+    if template:
+        items = [(r, s) for r, s in items if template in (r.template, r.snapshot_id)]
+    if started_after:
+        try:
+            after = datetime.fromisoformat(started_after)
+        except ValueError:
+            raise InvalidArgumentError(f"invalid startedAfter {started_after!r}") from None
+        items = [(r, s) for r, s in items if r.created_at >= after]
+    items.sort(key=lambda rs: rs[0].created_at, reverse=order == "desc")
+    page, headers = _page(items, limit, next_token)
+    return JSONResponse([convert.listed(r, s, st.lifecycle.disk_mb(r)) for r, s in page],
+                        headers=headers)
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
+    st = e2b_state(request)
+    rec, state = st.lifecycle.state_of(sandbox_id)
+    return JSONResponse(convert.detail(rec, state, st.lifecycle.disk_mb(rec),
+                                       st.tokens.token(sandbox_id)))
+
+
+@router.delete("/sandboxes/{sandbox_id}")
+async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
+    await e2b_state(request).lifecycle.kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout")
+async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> Response:
+    core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes")
+async def refresh(sandbox_id: str, request: Request, body: RefreshBody | None = None
+                  ) -> Response:
+    c = core(request)
+    rec = c.sandboxes.get_live(sandbox_id).record
+    duration = (body.duration if body else None) or 60
+    if rec.expires_at is not None and now() + timedelta(seconds=duration) > rec.expires_at:
+        c.sandboxes.set_timeout(sandbox_id, duration)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/connect")
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+async def connect_sandbox(sandbox_id: str, request: Request, body: ConnectBody | None = None
+                          ) -> JSONResponse:
+    body = body or ConnectBody()
+    _require_memory(body.memory, "resume")
+    st = e2b_state(request)
+    rec, resumed = await st.lifecycle.connect(sandbox_id, body.timeout)
+    return _answer(st, rec, 201 if resumed else 200)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume")
+async def resume_sandbox(sandbox_id: str, request: Request, body: ConnectBody | None = None
+                         ) -> JSONResponse:
+    st = e2b_state(request)
+    if sandbox_id in core(request).sandboxes.live:
+        raise ConflictError(f"sandbox {sandbox_id} is already running")
+    rec, _ = await st.lifecycle.connect(sandbox_id, body.timeout if body else None)
+    return _answer(st, rec, 201)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+async def pause_sandbox(sandbox_id: str, request: Request, body: PauseBody | None = None
+                        ) -> Response:
+    _require_memory(body.memory if body else None, "pause")
+    await e2b_state(request).lifecycle.pause(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork")
+async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None = None
+                       ) -> JSONResponse:
+    c, st = core(request), e2b_state(request)
+    body = body or ForkBody()
+    results = await c.sandboxes.fork(sandbox_id, body.count or 1)
+    out = []
+    for r in results:
+        if isinstance(r, SandboxRecord):
+            try:
+                if body.timeout is not None:
+                    r = c.sandboxes.set_timeout(r.sandbox_id, body.timeout)
+                out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
+                continue
+            except SandlotError as e:
+                r = e
+        out.append({"error": {"code": r.status, "message": r.message or str(r)}})
+    return JSONResponse(out, 201)
+
+
+@router.put("/sandboxes/{sandbox_id}/network")
+async def update_network(sandbox_id: str, body: NetworkUpdate, request: Request) -> Response:
+    if body.dns_servers or body.egress_proxy or body.rules:
+        raise Unsupported("sandlot's egress rules are allow_out/deny_out lists only; "
+                          "dns_servers, egress_proxy and rules are not supported")
+    network = NetworkSpec(allow_out=body.allow_out or [], deny_out=body.deny_out or [])
+    await core(request).sandboxes.set_network(sandbox_id, body.allow_internet_access, network)
+    return Response(status_code=204)
+
+
+# ---- snapshots ---------------------------------------------------------------------------
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots")
+async def create_snapshot(sandbox_id: str, request: Request, body: SnapshotBody | None = None
+                          ) -> JSONResponse:
+    c, st = core(request), e2b_state(request)
+    body = body or SnapshotBody()
+    _require_memory(body.memory, "snapshots")
+    snap = c.sandboxes.snapshot(sandbox_id, body.name or None)
+    # The snapshot holds the state of this moment once captured; storing it goes on after.
+    await st.lifecycle.wait_captured(snap.snapshot_id)
+    return JSONResponse(convert.snapshot_info(snap.snapshot_id, snap.name), 201)
+
+
+@router.get("/snapshots")
+async def list_snapshots(request: Request, name: str | None = None,
+                         limit: int | None = None) -> JSONResponse:
+    c = core(request)
+    q = request.query_params
+    sandbox_id = q.get("sandboxID")
+    snaps = [s for s in c.snapshots.list(sandbox_id)
+             if not is_pause_snapshot(s) and s.state != SnapshotState.FAILED]
+    if name:
+        snaps = [s for s in snaps if name in (s.name, s.snapshot_id)]
+    snaps.sort(key=lambda s: s.created_at)
+    page, headers = _page(snaps, limit, q.get("nextToken"))
+    return JSONResponse([convert.snapshot_info(s.snapshot_id, s.name) for s in page],
+                        headers=headers)
+
+
+@router.delete("/templates/{template_id:path}")
+async def delete_template(template_id: str, request: Request) -> Response:
+    c = core(request)
+    try:
+        snap = c.snapshots.get(template_id)
+    except NotFoundError:
+        if any(t.name == template_id for t in c.templates.list()):
+            raise Unsupported(f"{template_id!r} is a sandlot template; remove templates on the "
+                              "server host with `sandlot template rm`") from None
+        raise
+    await c.snapshots.wait_ready(snap.snapshot_id, timeout=600)
+    c.snapshots.delete(snap.snapshot_id)
+    return Response(status_code=204)
+
+
+# ---- everything else ---------------------------------------------------------------------
+
+UNSUPPORTED = (
+    ("/templates", "sandlot builds templates on the server host (`sandlot template build`); "
+                   "E2B template builds, tags and aliases are not served. Use a sandlot "
+                   "template by name in Sandbox.create(), or a snapshot id."),
+    ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
+                 "from a snapshot that holds them"),
+    ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
+    ("/metrics", "sandlot does not collect sandbox metrics"),
+    ("/logs", "sandlot does not keep sandbox logs; read them with commands.run()"),
+)
+SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
+             "resume, fork, create_snapshot, list_snapshots, delete_snapshot and "
+             "update_network (allow_out/deny_out)")
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def unsupported(rest: str, request: Request) -> Response:
+    path = "/" + rest
+    for marker, message in UNSUPPORTED:
+        if marker in path:
+            raise Unsupported(message)
+    raise Unsupported(f"sandlot does not serve {request.method} {path} of the E2B API; "
+                      f"{SUPPORTED}")

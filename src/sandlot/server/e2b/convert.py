@@ -1,0 +1,170 @@
+"""Translation between sandlot's records and E2B's JSON shapes, users and paths."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import posixpath
+import stat as statmod
+from datetime import UTC, datetime, timedelta
+
+from sandlot.core.models import SandboxRecord
+from sandlot.errors import AuthenticationError, InvalidArgumentError
+
+# The envd version sandlot reports: every feature the SDK gates on at or below it is served
+# (stdin, default user, close stdin, octet-stream upload, recursive watch). File metadata
+# (xattrs, 0.6.2) and the later watch options are not, so the SDK refuses them client-side.
+ENVD_VERSION = "0.5.7"
+CLIENT_ID = "sandlot"
+DEFAULT_USER = "user"
+# When a sandbox has no timeout, E2B's endAt still needs a time.
+NO_END = timedelta(days=365 * 100)
+# Why: Basic credentials come from API clients; a user name longer than this is not one.
+MAX_USER = 64
+
+FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY",
+              "symlink": "FILE_TYPE_SYMLINK"}
+TYPE_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK}
+
+
+def rfc3339(t: datetime | float) -> str:
+    if not isinstance(t, datetime):
+        t = datetime.fromtimestamp(t, UTC)
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# ---- users and paths --------------------------------------------------------------------
+
+
+def user_of(headers) -> str:
+    """The user an envd call runs as: ``Authorization: Basic base64("<user>:")``, else 'user'."""
+    auth = headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() != "basic" or not value.strip():
+        return DEFAULT_USER
+    try:
+        user = base64.b64decode(value.strip(), validate=True).decode().partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        raise AuthenticationError("malformed Basic authorization header") from None
+    return check_user(user) if user else DEFAULT_USER
+
+
+def check_user(user: str) -> str:
+    if len(user) > MAX_USER or not all(c.isalnum() or c in "._-" for c in user):
+        raise InvalidArgumentError(f"invalid user name {user[:MAX_USER]!r}")
+    return user
+
+
+def home_of(user: str) -> str:
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+def resolve(path: str | None, user: str) -> str:
+    """E2B's path rules: '~' is the user's home, and relative paths start there."""
+    home = home_of(user)
+    if not path:
+        return home
+    if "\0" in path:
+        raise InvalidArgumentError("paths may not contain NUL bytes")
+    if path == "~" or path.startswith("~/"):
+        path = home + path[1:]
+    elif not path.startswith("/"):
+        path = posixpath.join(home, path)
+    path = posixpath.normpath(path)
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
+# ---- filesystem entries -----------------------------------------------------------------
+
+
+def permissions(kind: str, mode: int) -> str:
+    """Go's ``FileMode.String()``, which envd reports: e.g. ``drwxr-xr-x``, ``Lrwxrwxrwx``."""
+    text = statmod.filemode(TYPE_BITS.get(kind, 0) | (mode & 0o7777))
+    if kind == "symlink":
+        text = "L" + text[1:]
+    elif kind not in TYPE_BITS:
+        text = "?" + text[1:]
+    return text
+
+
+def entry_info(entry: dict) -> dict:
+    """An agent entry (see guest/agent.py `entry`) as envd's ``filesystem.EntryInfo``."""
+    kind = entry.get("type", "other")
+    mode = int(entry.get("mode", 0))
+    out = {
+        "name": entry.get("name", ""),
+        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+        "path": entry.get("path", ""),
+        "size": str(int(entry.get("size", 0))),
+        "mode": mode & 0o777,
+        "permissions": permissions(kind, mode),
+        "owner": entry.get("owner", ""),
+        # The agent reports no group; sandlot's guest users each have a group of their name.
+        "group": entry.get("owner", ""),
+        "modifiedTime": rfc3339(float(entry.get("mtime", 0))),
+    }
+    if kind == "symlink" and entry.get("target") is not None:
+        out["symlinkTarget"] = entry["target"]
+    return out
+
+
+def write_info(path: str) -> dict:
+    return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+# ---- sandboxes ---------------------------------------------------------------------------
+
+
+def template_id(rec: SandboxRecord) -> str:
+    return rec.snapshot_id if rec.snapshot_id and not rec.template else (rec.template or "")
+
+
+def created(rec: SandboxRecord, token: str) -> dict:
+    """E2B's ``Sandbox``: the answer to create, connect, resume and fork."""
+    return {
+        "templateID": template_id(rec),
+        "sandboxID": rec.sandbox_id,
+        "alias": rec.template or template_id(rec),
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": token,
+        "domain": None,
+    }
+
+
+def _end_at(rec: SandboxRecord) -> datetime:
+    return rec.expires_at or (rec.created_at + NO_END)
+
+
+def listed(rec: SandboxRecord, state: str, disk_mb: int) -> dict:
+    """E2B's ``ListedSandbox``; `state` is 'running' or 'paused'."""
+    return {
+        "templateID": template_id(rec),
+        "alias": rec.template or template_id(rec),
+        "sandboxID": rec.sandbox_id,
+        "clientID": CLIENT_ID,
+        "startedAt": rfc3339(rec.created_at),
+        "endAt": rfc3339(_end_at(rec)),
+        "cpuCount": rec.cpus,
+        "memoryMB": rec.memory_mb,
+        "diskSizeMB": disk_mb,
+        "metadata": rec.metadata,
+        "state": state,
+        "envdVersion": ENVD_VERSION,
+    }
+
+
+def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
+    """E2B's ``SandboxDetail``."""
+    out = listed(rec, state, disk_mb) | {
+        "envdAccessToken": token,
+        "allowInternetAccess": rec.internet,
+        "domain": None,
+    }
+    if rec.network is not None:
+        out["network"] = {"allowOut": rec.network.allow_out, "denyOut": rec.network.deny_out}
+    return out
+
+
+def snapshot_info(snapshot_id: str, name: str | None) -> dict:
+    return {"snapshotID": snapshot_id, "names": [name] if name else []}

@@ -1,0 +1,120 @@
+"""The in-sandbox endpoint: envd's API for every sandbox on one port, under ``/e2b/envd``.
+
+The SDK (with ``E2B_SANDBOX_URL`` pointing here) names the sandbox in the ``E2b-Sandbox-Id``
+header and authenticates with the sandbox's ``X-Access-Token`` (handed out by create and
+connect); a sandlot API key in ``X-API-Key`` works too. Connect RPCs answer in Connect's error
+shape, the plain endpoints in envd's ``{"code", "message"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from sandlot.errors import AuthenticationError, InvalidArgumentError
+from sandlot.server.deps import core
+from sandlot.server.e2b import connect, files, filesystem, process
+from sandlot.server.e2b.convert import user_of
+from sandlot.server.e2b.errors import (
+    SandboxNotRunning,
+    Unsupported,
+    api_error,
+)
+from sandlot.server.e2b.state import Envd, e2b_state
+
+PREFIX = "/e2b/envd"
+ENVD_PORT = "49983"
+SERVICES = {
+    "process.Process": (process.UNARY, process.SERVER_STREAM, process.CLIENT_STREAM),
+    "filesystem.Filesystem": (filesystem.UNARY, filesystem.SERVER_STREAM, {}),
+}
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+def envd_call(request: Request) -> Envd:
+    """Authenticate an in-sandbox request and find its sandbox, which must be running."""
+    c, st = core(request), e2b_state(request)
+    sandbox_id = request.headers.get("e2b-sandbox-id", "")
+    if not sandbox_id:
+        raise InvalidArgumentError("missing the E2b-Sandbox-Id header: point E2B_SANDBOX_URL "
+                                   f"at {PREFIX} of a sandlot server")
+    token = request.headers.get("x-access-token")
+    if token:
+        if not st.tokens.check(sandbox_id, token):
+            raise AuthenticationError("invalid X-Access-Token for this sandbox")
+    else:
+        key = request.headers.get("x-api-key")
+        if not key or not c.db.key_valid(key):
+            raise AuthenticationError("missing X-Access-Token (or a sandlot key in X-API-Key)")
+    port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
+    if port != ENVD_PORT:
+        raise Unsupported(f"this endpoint serves envd (port {ENVD_PORT}) only; reach other "
+                          "sandbox ports with sandlot's port forwarding")
+    if sandbox_id not in c.sandboxes.live:
+        raise SandboxNotRunning(sandbox_id)
+    keepalive = request.headers.get("keepalive-ping-interval", "")
+    return Envd(core=c, state=st, sandbox_id=sandbox_id, user=user_of(request.headers),
+                timeout=connect.timeout_s(request),
+                keepalive=float(keepalive) if keepalive.isdigit() and int(keepalive) else None)
+
+
+@router.post("/{service}/{method}")
+async def rpc(service: str, method: str, request: Request) -> Response:
+    where = f"{service}/{method}"
+    unary, server_stream, client_stream = SERVICES.get(service, ({}, {}, {}))
+    is_stream = request.headers.get("content-type", "").startswith(connect.STREAM_TYPE)
+    if method in unary:
+        handler = unary[method]
+
+        async def call(msg: dict) -> dict:
+            return await handler(envd_call(request), msg)
+
+        return await connect.unary(request, call, where)
+    try:
+        if method in server_stream:
+            ctx = envd_call(request)
+            msg = await connect.read_single_envelope(request)
+            return connect.server_stream(server_stream[method](ctx, msg), where)
+        if method in client_stream:
+            ctx = envd_call(request)
+            reply = await client_stream[method](ctx, connect.read_envelopes(request))
+            return Response(connect.envelope(reply) + connect.end_stream(),
+                            media_type=connect.STREAM_TYPE)
+        raise Unsupported(f"sandlot's envd does not serve {service}/{method}")
+    except Exception as e:  # noqa: BLE001 - answered as a Connect error
+        if is_stream:
+            return connect.stream_error(e, where)
+        return connect.connect_unary_error(e, where)
+
+
+async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[Response]]
+                 ) -> Response:
+    try:
+        return await handler(envd_call(request), request)
+    except Exception as e:  # noqa: BLE001 - envd's plain error shape
+        return api_error(e, request)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    return await _plain(request, files.health)
+
+
+@router.get("/files")
+async def download(request: Request) -> Response:
+    return await _plain(request, files.download)
+
+
+@router.post("/files")
+async def upload(request: Request) -> Response:
+    return await _plain(request, files.upload)
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def other(rest: str, request: Request) -> JSONResponse:
+    return api_error(Unsupported(f"sandlot's envd does not serve {request.method} /{rest}; "
+                                 "it serves the process and filesystem services, /files and "
+                                 "/health"), request)

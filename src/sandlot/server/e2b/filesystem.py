@@ -1,0 +1,173 @@
+"""envd's ``filesystem.Filesystem`` service on sandlot's agent: Stat, ListDir, MakeDir, Move,
+Remove, and directory watching (WatchDir for the async SDK; CreateWatcher, GetWatcherEvents and
+RemoveWatcher for the sync one).
+
+The agent has no inotify, so watching polls: each look lists the directory (recursively if
+asked) and compares it with the last look. A file created and written between two looks is
+one create event; one created and removed between two looks is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import secrets
+from collections.abc import AsyncIterator
+
+from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError
+from sandlot.server.e2b.connect import field
+from sandlot.server.e2b.convert import entry_info, resolve
+from sandlot.server.e2b.state import Envd
+
+POLL_INTERVAL = 0.2
+RECURSIVE_DEPTH = 32
+# Why: sync watchers live until RemoveWatcher; clients that never call it must not grow this
+# without bound, so the oldest go first.
+MAX_WATCHERS = 256
+
+
+def _path(ctx: Envd, msg: dict) -> str:
+    return resolve(field(msg, "path"), ctx.user)
+
+
+async def stat(ctx: Envd, msg: dict) -> dict:
+    return {"entry": entry_info(await ctx.file_op("stat", path=_path(ctx, msg)))}
+
+
+async def list_dir(ctx: Envd, msg: dict) -> dict:
+    depth = int(field(msg, "depth") or 1)
+    if depth < 1:
+        raise InvalidArgumentError("depth must be at least 1")
+    reply = await ctx.file_op("list", path=_path(ctx, msg), depth=depth)
+    return {"entries": [entry_info(e) for e in reply["entries"]]}
+
+
+async def make_dir(ctx: Envd, msg: dict) -> dict:
+    path = _path(ctx, msg)
+    reply = await ctx.file_op("mkdir", path=path, user=ctx.user)
+    if not reply.get("created"):
+        raise ConflictError(f"directory {path} already exists")
+    return {"entry": entry_info(reply)}
+
+
+async def move(ctx: Envd, msg: dict) -> dict:
+    src = resolve(field(msg, "source"), ctx.user)
+    dst = resolve(field(msg, "destination"), ctx.user)
+    await ctx.file_op("mkdir", path=posixpath.dirname(dst) or "/", user=ctx.user)
+    return {"entry": entry_info(await ctx.file_op("rename", src=src, dst=dst))}
+
+
+async def remove(ctx: Envd, msg: dict) -> dict:
+    await ctx.file_op("remove", path=_path(ctx, msg))
+    return {}
+
+
+# ---- watching ------------------------------------------------------------------------------
+
+
+class Watcher:
+    """Polls one directory and reports what changed since the last look."""
+
+    def __init__(self, ctx: Envd, path: str, recursive: bool, include_entry: bool) -> None:
+        self.ctx = ctx
+        self.path = path
+        self.recursive = recursive
+        self.include_entry = include_entry
+        self.last: dict[str, dict] = {}
+
+    async def start(self) -> None:
+        entry = await self.ctx.file_op("stat", path=self.path)
+        if entry.get("type") != "dir":
+            raise InvalidArgumentError(f"{self.path} is not a directory")
+        self.last = await self._look()
+
+    async def _look(self) -> dict[str, dict]:
+        depth = RECURSIVE_DEPTH if self.recursive else 1
+        try:
+            reply = await self.ctx.file_op("list", path=self.path, depth=depth)
+        except NotFoundError:
+            return {}  # the directory itself went away: everything in it was removed
+        return {e["path"]: e for e in reply["entries"]}
+
+    def _event(self, path: str, kind: str, entry: dict | None) -> dict:
+        ev = {"name": posixpath.relpath(path, self.path), "type": f"EVENT_TYPE_{kind}"}
+        if self.include_entry and entry is not None:
+            ev["entry"] = entry_info(entry)
+        return ev
+
+    async def changes(self) -> list[dict]:
+        now = await self._look()
+        events = []
+        for path in sorted(now.keys() - self.last.keys()):
+            events.append(self._event(path, "CREATE", now[path]))
+        for path in sorted(now.keys() & self.last.keys()):
+            old, new = self.last[path], now[path]
+            if (old["size"], old["mtime"], old["type"]) != (new["size"], new["mtime"],
+                                                            new["type"]):
+                events.append(self._event(path, "WRITE", new))
+            elif (old["mode"], old["owner"]) != (new["mode"], new["owner"]):
+                events.append(self._event(path, "CHMOD", new))
+        for path in sorted(self.last.keys() - now.keys()):
+            events.append(self._event(path, "REMOVE", None))
+        self.last = now
+        return events
+
+
+def _watcher(ctx: Envd, msg: dict) -> Watcher:
+    return Watcher(ctx, _path(ctx, msg), bool(field(msg, "recursive")),
+                   bool(field(msg, "includeEntry", "include_entry")))
+
+
+async def watch_dir(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
+    watcher = _watcher(ctx, msg)
+    await watcher.start()
+    yield {"start": {}}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.timeout if ctx.timeout else None
+    quiet_since = loop.time()
+    while True:
+        await asyncio.sleep(POLL_INTERVAL)
+        for ev in await watcher.changes():
+            quiet_since = loop.time()
+            yield {"filesystem": ev}
+        if ctx.keepalive and loop.time() - quiet_since >= ctx.keepalive:
+            quiet_since = loop.time()
+            yield {"keepalive": {}}
+        if deadline is not None and loop.time() >= deadline:
+            return
+
+
+async def create_watcher(ctx: Envd, msg: dict) -> dict:
+    watcher = _watcher(ctx, msg)
+    await watcher.start()
+    watchers = ctx.state.watchers
+    while len(watchers) >= MAX_WATCHERS:
+        watchers.pop(next(iter(watchers)))
+    watcher_id = "w-" + secrets.token_hex(8)
+    watchers[watcher_id] = watcher
+    return {"watcherId": watcher_id}
+
+
+def _find(ctx: Envd, msg: dict) -> tuple[str, Watcher]:
+    watcher_id = str(field(msg, "watcherId", "watcher_id") or "")
+    watcher = ctx.state.watchers.get(watcher_id)
+    if not isinstance(watcher, Watcher) or watcher.ctx.sandbox_id != ctx.sandbox_id:
+        raise NotFoundError(f"watcher {watcher_id!r} not found")
+    return watcher_id, watcher
+
+
+async def get_watcher_events(ctx: Envd, msg: dict) -> dict:
+    _, watcher = _find(ctx, msg)
+    return {"events": await watcher.changes()}
+
+
+async def remove_watcher(ctx: Envd, msg: dict) -> dict:
+    watcher_id, _ = _find(ctx, msg)
+    ctx.state.watchers.pop(watcher_id, None)
+    return {}
+
+
+UNARY = {"Stat": stat, "ListDir": list_dir, "MakeDir": make_dir, "Move": move,
+         "Remove": remove, "CreateWatcher": create_watcher,
+         "GetWatcherEvents": get_watcher_events, "RemoveWatcher": remove_watcher}
+SERVER_STREAM = {"WatchDir": watch_dir}
