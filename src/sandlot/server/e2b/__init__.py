@@ -16,9 +16,11 @@ from fastapi import APIRouter
 
 from sandlot.server.e2b.api import router as api_router
 from sandlot.server.e2b.envd import router as envd_router
+from sandlot.server.e2b.envd import signed_router
 
 router = APIRouter()
 router.include_router(envd_router)  # first: the API's catch-all would shadow /e2b/envd
 router.include_router(api_router)
+router.include_router(signed_router)  # /files at the root: download_url(), upload_url()
 
 __all__ = ["router"]

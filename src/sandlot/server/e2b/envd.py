@@ -8,6 +8,10 @@ shape, the plain endpoints in envd's ``{"code", "message"}``.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
@@ -16,9 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from sandlot.errors import AuthenticationError, InvalidArgumentError
 from sandlot.server.deps import core
 from sandlot.server.e2b import connect, files, filesystem, process
-from sandlot.server.e2b.convert import user_of
+from sandlot.server.e2b.convert import DEFAULT_USER, check_user, user_of
 from sandlot.server.e2b.errors import (
-    SandboxNotRunning,
     Unsupported,
     api_error,
 )
@@ -32,6 +35,9 @@ SERVICES = {
 }
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
+# The SDK's download_url()/upload_url() join "/files" to the sandbox URL as an absolute path,
+# so signed file URLs arrive at the server root, naming no sandbox: the signature does.
+signed_router = APIRouter(include_in_schema=False)
 
 
 def envd_call(request: Request) -> Envd:
@@ -53,12 +59,12 @@ def envd_call(request: Request) -> Envd:
     if port != ENVD_PORT:
         raise Unsupported(f"this endpoint serves envd (port {ENVD_PORT}) only; reach other "
                           "sandbox ports with sandlot's port forwarding")
-    if sandbox_id not in c.sandboxes.live:
-        raise SandboxNotRunning(sandbox_id)
     keepalive = request.headers.get("keepalive-ping-interval", "")
-    return Envd(core=c, state=st, sandbox_id=sandbox_id, user=user_of(request.headers),
-                timeout=connect.timeout_s(request),
-                keepalive=float(keepalive) if keepalive.isdigit() and int(keepalive) else None)
+    ctx = Envd(core=c, state=st, sandbox_id=sandbox_id, user=user_of(request.headers),
+               timeout=connect.timeout_s(request),
+               keepalive=float(keepalive) if keepalive.isdigit() and int(keepalive) else None)
+    ctx.check_running()
+    return ctx
 
 
 @router.post("/{service}/{method}")
@@ -90,10 +96,37 @@ async def rpc(service: str, method: str, request: Request) -> Response:
         return connect.connect_unary_error(e, where)
 
 
-async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[Response]]
-                 ) -> Response:
+def signed_call(request: Request, operation: str) -> Envd:
+    """A file URL signed with a sandbox's access token (E2B's v1 signature): find the running
+    sandbox whose token makes the signature."""
+    c, st = core(request), e2b_state(request)
+    q = request.query_params
+    signature, expires = q.get("signature", ""), q.get("signature_expiration")
+    if not signature:
+        raise AuthenticationError("file URLs need a signature: get them from download_url() "
+                                  "or upload_url()")
+    if expires is not None and (not expires.isdigit() or int(expires) < time.time()):
+        raise AuthenticationError("this signed file URL has expired")
+    user = q.get("username") or ""
+    for sandbox_id in list(c.sandboxes.live):
+        raw = f"{q.get('path', '')}:{operation}:{user}:{st.tokens.token(sandbox_id)}"
+        if expires is not None:
+            raw += f":{expires}"
+        digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=")
+        if hmac.compare_digest(b"v1_" + digest, signature.encode()):
+            return Envd(core=c, state=st, sandbox_id=sandbox_id,
+                        user=check_user(user) if user else DEFAULT_USER)
+    raise AuthenticationError("no running sandbox matches this signed file URL")
+
+
+async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[Response]],
+                 signed: str | None = None) -> Response:
     try:
-        return await handler(envd_call(request), request)
+        if signed and "e2b-sandbox-id" not in request.headers:
+            ctx = signed_call(request, signed)
+        else:
+            ctx = envd_call(request)
+        return await handler(ctx, request)
     except Exception as e:  # noqa: BLE001 - envd's plain error shape
         return api_error(e, request)
 
@@ -111,6 +144,16 @@ async def download(request: Request) -> Response:
 @router.post("/files")
 async def upload(request: Request) -> Response:
     return await _plain(request, files.upload)
+
+
+@signed_router.get("/files")
+async def signed_download(request: Request) -> Response:
+    return await _plain(request, files.download, signed="read")
+
+
+@signed_router.post("/files")
+async def signed_upload(request: Request) -> Response:
+    return await _plain(request, files.upload, signed="write")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

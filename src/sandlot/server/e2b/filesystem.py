@@ -14,7 +14,7 @@ import posixpath
 import secrets
 from collections.abc import AsyncIterator
 
-from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError
+from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError, SandlotError
 from sandlot.server.e2b.connect import field
 from sandlot.server.e2b.convert import entry_info, resolve
 from sandlot.server.e2b.state import Envd
@@ -102,8 +102,12 @@ class Watcher:
             events.append(self._event(path, "CREATE", now[path]))
         for path in sorted(now.keys() & self.last.keys()):
             old, new = self.last[path], now[path]
-            if (old["size"], old["mtime"], old["type"]) != (new["size"], new["mtime"],
-                                                            new["type"]):
+            if old["type"] != new["type"]:
+                events.append(self._event(path, "REMOVE", None))
+                events.append(self._event(path, "CREATE", new))
+            elif new["type"] != "dir" and (old["size"], old["mtime"]) != (new["size"],
+                                                                        new["mtime"]):
+                # A directory's mtime moves with its entries, which get events of their own.
                 events.append(self._event(path, "WRITE", new))
             elif (old["mode"], old["owner"]) != (new["mode"], new["owner"]):
                 events.append(self._event(path, "CHMOD", new))
@@ -127,7 +131,12 @@ async def watch_dir(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
     quiet_since = loop.time()
     while True:
         await asyncio.sleep(POLL_INTERVAL)
-        for ev in await watcher.changes():
+        try:
+            events = await watcher.changes()
+        except SandlotError:
+            ctx.check_running()  # a sandbox killed or paused while watched
+            raise
+        for ev in events:
             quiet_since = loop.time()
             yield {"filesystem": ev}
         if ctx.keepalive and loop.time() - quiet_since >= ctx.keepalive:

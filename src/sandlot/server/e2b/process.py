@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from sandlot.core.models import ExecRequest
-from sandlot.errors import InvalidArgumentError, NotFoundError
+from sandlot.errors import InvalidArgumentError, NotFoundError, SandlotError
 from sandlot.server.e2b.connect import b64decode, b64encode, field
 from sandlot.server.e2b.convert import resolve
 from sandlot.server.e2b.errors import OutputOverflow, Unsupported
@@ -105,6 +105,9 @@ async def _follow(ctx: Envd, pid: int) -> AsyncIterator[dict]:
                 ev = await pump.get(ctx.keepalive)
             except StopAsyncIteration:
                 return
+            except SandlotError:
+                ctx.check_running()  # a sandbox killed or paused mid-command
+                raise
             if ev is None:
                 yield _event("keepalive", {})
             elif ev["type"] in ("stdout", "stderr"):

@@ -15,6 +15,7 @@ from fastapi import Request
 
 from sandlot.core.service import Core
 from sandlot.server.deps import core
+from sandlot.server.e2b.errors import SandboxNotRunning
 from sandlot.server.e2b.lifecycle import Lifecycle
 
 TOKEN_FILE = "e2b-access.key"
@@ -85,6 +86,10 @@ class Envd:
     user: str
     timeout: float | None = None
     keepalive: float | None = None
+
+    def check_running(self) -> None:
+        if self.sandbox_id not in self.core.sandboxes.live:
+            raise SandboxNotRunning(self.sandbox_id)
 
     async def agent(self, op: str, payload: bytes = b"", **fields) -> dict:
         return await self.core.sandboxes.agent_call(self.sandbox_id, op, payload, **fields)
