@@ -21,6 +21,12 @@ GUEST_FILES = {
 }
 
 
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
+# Build steps run with this environment only, not the host's (whose PIP_*/SSL_* variables
+# point at host paths): builds do not depend on who runs them.
+CLEAN_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8"
+
+
 def host_apt_sources() -> list[str]:
     """The host's own apt sources (never a hard-coded mirror)."""
     found = sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
@@ -52,9 +58,15 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
     for guest, host in GUEST_FILES.items():
         hooks.append(_hook(f'install -m 0755 {shlex.quote(str(host))} "$1{guest}"'))
     if spec.pip:
+        # pip in the chroot trusts what the host trusts (the host may sit behind a TLS proxy
+        # whose CA only the host's bundle has); the copy is removed right after.
         pip_args = " ".join(shlex.quote(p) for p in spec.pip)
+        ca = "/tmp/sandlot-host-ca.crt"
+        copy_ca = f'cp {HOST_CA} "$1{ca}" && ' if Path(HOST_CA).exists() else ""
+        cert = f"PIP_CERT={ca} " if copy_ca else ""
         hooks.append(_hook(
-            f"{chroot} python3 -m pip install --no-cache-dir --break-system-packages {pip_args}"
+            f"{copy_ca}{chroot} env -i {CLEAN_ENV} {cert}python3 -m pip install --no-cache-dir "
+            f'--break-system-packages {pip_args}; rc=$?; rm -f "$1{ca}"; exit $rc'
         ))
     for guest, host in spec.files.items():
         hooks.append(_hook(
@@ -67,7 +79,8 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
     if spec.workdir:
         hooks.append(_hook(f'mkdir -p "$1{shlex.quote(spec.workdir)}"'))
     for cmd in spec.run:
-        hooks.append(_hook(f"{chroot} /usr/bin/env {env_prefix} /bin/bash -c {shlex.quote(cmd)}"))
+        hooks.append(_hook(
+            f"{chroot} /usr/bin/env -i {CLEAN_ENV} {env_prefix} /bin/bash -c {shlex.quote(cmd)}"))
     hooks.append(_hook(': > "$1/etc/fstab"; rm -f "$1/etc/resolv.conf"; '
                        'touch "$1/etc/resolv.conf"'))
     with tempfile.TemporaryDirectory(dir=out_image.parent) as tmp:
