@@ -42,6 +42,7 @@ class Server:
     log_path: Path
     proc: subprocess.Popen | None = None
     env: dict = field(default_factory=dict)
+    extra_env: dict = field(default_factory=dict)  # set before start(); kept across restarts
 
     @property
     def url(self) -> str:
@@ -49,7 +50,8 @@ class Server:
 
     def start(self, timeout: float = 60) -> None:
         self.env = {**os.environ, "SANDLOT_API_KEY": self.key, "SANDLOT_IMAGES_DIR": str(IMAGES_DIR),
-                    "SANDLOT_INSTANCE": self.instance, "SANDLOT_DATA_DIR": str(self.data_dir)}
+                    "SANDLOT_INSTANCE": self.instance, "SANDLOT_DATA_DIR": str(self.data_dir),
+                    **self.extra_env}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandlot.cli", "serve", "--port", str(self.port),
@@ -146,6 +148,23 @@ def own_server(tmp_path_factory) -> Iterator[Server]:
 
 
 @pytest.fixture
+def server_factory(tmp_path_factory) -> Iterator:
+    """Make servers of the test's own with extra environment: `make(SANDLOT_X="...")`."""
+    made: list[Server] = []
+
+    def make(**extra_env: str) -> Server:
+        srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
+        srv.extra_env = dict(extra_env)
+        made.append(srv)
+        srv.start()
+        return srv
+
+    yield make
+    for srv in made:
+        _cleanup(srv)
+
+
+@pytest.fixture
 def sandbox_factory(server):
     """Create sandboxes (SDK `Sandbox.create` kwargs); all are killed after the test."""
     from sandlot import Sandbox
@@ -168,5 +187,5 @@ def sandbox_factory(server):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & {"server", "own_server", "sandbox_factory", "sbx"}:
+        if fixtures & {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}:
             item.add_marker(pytest.mark.vm)
