@@ -1,0 +1,139 @@
+"""Helpers for the snapshot, restore and fork VM tests.
+
+`start_holder` runs a guest process that keeps a random token only in its memory and tells it
+on demand (SIGUSR1 makes it write pid, token, the restore generation it reads and a digest of its
+ballast to a file that the asking command deletes again), so a test that sees the same answer
+after a restore proves the process and its memory survived, not just a file.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandlot import Sandbox
+
+HOLDER_PY = r"""
+import hashlib, os, signal, sys
+token = os.urandom(16).hex()
+ballast = bytearray(os.urandom(int(sys.argv[1]) << 20)) if len(sys.argv) > 1 else bytearray()
+
+def answer(*_):
+    with open("/run/sandlot/generation") as f:
+        gen = f.read().strip()
+    digest = hashlib.sha256(ballast[::4096]).hexdigest()[:16]
+    with open("/tmp/holder.answer.tmp", "w") as f:
+        f.write(f"{os.getpid()} {token} {gen} {digest}\n")
+    os.replace("/tmp/holder.answer.tmp", "/tmp/holder.answer")
+
+signal.signal(signal.SIGUSR1, answer)
+with open("/tmp/holder.pid.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace("/tmp/holder.pid.tmp", "/tmp/holder.pid")
+while True:
+    signal.pause()
+"""
+
+ASK = ("rm -f /tmp/holder.answer; kill -USR1 $(cat /tmp/holder.pid) || exit 2; "
+       "for i in $(seq 400); do if [ -e /tmp/holder.answer ]; then cat /tmp/holder.answer; "
+       "rm -f /tmp/holder.answer; exit 0; fi; sleep 0.05; done; exit 1")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the holder process says: its pid, its in-memory token, the generation it reads
+    from /run/sandlot/generation, and a digest of its ballast memory."""
+
+    pid: int
+    token: str
+    generation: str
+    digest: str
+
+    @property
+    def memory(self) -> tuple[int, str, str]:
+        """The parts that must survive a snapshot (the generation changes on restore)."""
+        return self.pid, self.token, self.digest
+
+
+def start_holder(sbx: Sandbox, ballast_mb: int = 0) -> Answer:
+    """Start the token-holding process in `sbx` and return its first answer."""
+    sbx.files.write("/root/holder.py", HOLDER_PY)
+    sbx.commands.start(f"exec python3 /root/holder.py {ballast_mb} >/tmp/holder.log 2>&1")
+    sbx.commands.run("for i in $(seq 1200); do [ -s /tmp/holder.pid ] && exit 0; sleep 0.05; "
+                     "done; exit 1", timeout=90, check=True)
+    return ask(sbx)
+
+
+def ask(sbx: Sandbox) -> Answer:
+    """Ask the holder for its token (raises CommandExitError if it is not running)."""
+    out = sbx.commands.run(ASK, timeout=60, check=True).stdout.split()
+    pid, token, generation, digest = out
+    return Answer(int(pid), token, generation, digest)
+
+
+def holder_gone(sbx: Sandbox) -> bool:
+    return sbx.commands.run("kill -0 $(cat /tmp/holder.pid)").exit_code != 0
+
+
+def clock_error(sbx: Sandbox, samples: int = 3) -> tuple[float, float]:
+    """(guest clock - host clock, allowed slack) for the tightest of `samples` round trips.
+
+    The guest's ``date`` runs somewhere between the host's two readings, so a guest clock
+    within 50 ms of the host's lies within [t0 - 0.05, t1 + 0.05]: |error| <= 0.05 + rtt/2.
+    """
+    best: tuple[float, float] | None = None
+    for _ in range(samples):
+        t0 = time.time()
+        out = sbx.commands.run("date +%s.%N").stdout
+        t1 = time.time()
+        error, half = float(out) - (t0 + t1) / 2, (t1 - t0) / 2
+        if best is None or half < best[1]:
+            best = (error, half)
+    assert best is not None
+    return best[0], 0.05 + best[1]
+
+
+def urandom(sbx: Sandbox) -> str:
+    return sbx.commands.run("head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'").stdout
+
+
+def generation(sbx: Sandbox) -> tuple[str, str]:
+    """(/run/sandlot/generation, $SANDLOT_GENERATION) as a new command sees them."""
+    out = sbx.commands.run("cat /run/sandlot/generation; echo $SANDLOT_GENERATION").stdout
+    file_gen, env_gen = out.split()
+    return file_gen, env_gen
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def hot_dir(shm_root: Path, snapshot_id: str) -> Path:
+    return shm_root / "hot" / snapshot_id
+
+
+class Reaper:
+    """Collects sandboxes a test made and kills them at teardown (`reap(sbx)` returns `sbx`)."""
+
+    def __init__(self) -> None:
+        self.boxes: list[Sandbox] = []
+
+    def __call__(self, *boxes: Sandbox) -> Sandbox:
+        self.boxes.extend(boxes)
+        return boxes[0]
+
+    def kill_all(self) -> None:
+        for sbx in self.boxes:
+            try:
+                sbx.kill()
+            except Exception:  # noqa: BLE001 - cleanup best effort
+                pass
