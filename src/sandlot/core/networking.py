@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 
 from sandlot.core.models import SandboxRecord
@@ -40,7 +41,8 @@ class Networking:
             return None
         dns = [s.strip() for s in os.environ.get("SANDLOT_DNS", "").split(",") if s.strip()]
         pool = os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16")
-        return cls(NetworkManager(dns_servers=dns or None, pool=pool))
+        owner = re.sub(r"[^a-z0-9]", "", os.environ.get("SANDLOT_INSTANCE", "").lower())[:16]
+        return cls(NetworkManager(dns_servers=dns or None, pool=pool, owner=owner))
 
     async def attach(self, rec: SandboxRecord) -> SandboxNetwork:
         return await asyncio.to_thread(self.manager.setup, rec.sandbox_id, policy_of(rec))

@@ -294,11 +294,19 @@ def _existing_slots() -> dict[int, str | None]:
     return slots
 
 
-def _existing_namespaces() -> set[str]:
+def _owned_id(rest: str) -> bool:
+    """`rest` is a bare sandbox id: another owner's names carry '<owner>.' first."""
+    return "." not in rest and bool(_ID_RE.fullmatch(rest))
+
+
+def _existing_namespaces(prefix: str = NETNS_PREFIX) -> set[str]:
+    """Sandbox ids of the namespaces named `prefix` + id (another owner's do not match)."""
     try:
-        return {n[len(NETNS_PREFIX):] for n in os.listdir(_NETNS_DIR) if n.startswith(NETNS_PREFIX)}
+        names = os.listdir(_NETNS_DIR)
     except FileNotFoundError:
         return set()
+    return {n[len(prefix):] for n in names
+            if n.startswith(prefix) and _owned_id(n[len(prefix):])}
 
 
 class NetworkManager:
@@ -313,7 +321,12 @@ class NetworkManager:
     """
 
     def __init__(self, dns_servers: list[str] | None = None,
-                 pool: str = "10.200.0.0/16") -> None:
+                 pool: str = "10.200.0.0/16", owner: str = "") -> None:
+        # Several servers may share a host: each only sees and cleans up its own sandboxes.
+        if owner and not re.fullmatch(r"[a-z0-9]{1,16}", owner):
+            raise InvalidArgumentError(f"network owner {owner!r}: 1-16 of [a-z0-9]")
+        self._alias_prefix = f"{owner}." if owner else ""
+        self._ns_prefix = f"{NETNS_PREFIX}{self._alias_prefix}"
         servers = host_dns_servers() if dns_servers is None else dns_servers
         self._dns = _ipv4_list(servers, "dns_servers")
         if not self._dns:
@@ -353,7 +366,7 @@ class NetworkManager:
             self._reserved.add(slot)
         net = self._describe(sandbox_id, slot)
         try:
-            if sandbox_id in _existing_namespaces():
+            if sandbox_id in _existing_namespaces(self._ns_prefix):
                 self._remove([(sandbox_id, None)])  # left over by a crashed process
             self._create(net, egress, guest_netns)
         except BaseException:
@@ -401,7 +414,7 @@ class NetworkManager:
             forwarder = self._forwarders.pop(sandbox_id, None)
         if forwarder is not None:
             forwarder.close()
-        slots = [net.slot] if net else [s for s, a in _existing_slots().items() if a == sandbox_id]
+        slots = [net.slot] if net else [s for s, a in self._links().items() if a == sandbox_id]
         self._remove([(sandbox_id, s) for s in slots] or [(sandbox_id, None)])
 
     def cleanup_stale(self, keep: set[str]) -> None:
@@ -412,8 +425,8 @@ class NetworkManager:
         missing and its traffic dropped if the host ruleset was flushed). Use the same pool
         as the process that set them up.
         """
-        links = _existing_slots()
-        namespaces = _existing_namespaces()
+        links = self._links()
+        namespaces = _existing_namespaces(self._ns_prefix)
         chain_slots = self._chain_slots()
         with self._lock:
             for sandbox_id in [i for i in self._forwarders if i not in keep]:
@@ -426,7 +439,7 @@ class NetworkManager:
             live = {n.slot for n in self._nets.values()} | self._reserved
         doomed: list[tuple[str | None, int | None]] = []
         doomed += [(a, s) for s, a in links.items() if s not in live]
-        doomed += [(None, s) for s in chain_slots - live - set(links)]
+        doomed += [(None, s) for s in chain_slots - live - set(_existing_slots())]
         doomed += [(i, None) for i in namespaces - keep]
         self._remove(doomed)
         _run(*_nft_batch(self._base_script()))
@@ -441,7 +454,7 @@ class NetworkManager:
     def _describe(self, sandbox_id: str, slot: int) -> SandboxNetwork:
         base = self._pool.network_address + 4 * slot
         return SandboxNetwork(
-            sandbox_id=sandbox_id, slot=slot, namespace=NETNS_PREFIX + sandbox_id,
+            sandbox_id=sandbox_id, slot=slot, namespace=self._ns_prefix + sandbox_id,
             host_veth=f"{VETH_PREFIX}{slot}", host_address=str(base + 1),
             namespace_address=str(base + 2),
         )
@@ -452,7 +465,7 @@ class NetworkManager:
         _run(*_ip_batch([
             f"netns add {net.namespace}",
             f"link add {veth} type veth peer name eth0 netns {net.namespace}",
-            f"link set {veth} alias {net.sandbox_id}",
+            f"link set {veth} alias {self._alias_prefix}{net.sandbox_id}",
             f"addr add {net.host_address}/30 dev {veth}",
             f"link set {veth} up",
         ]))
@@ -595,23 +608,32 @@ class NetworkManager:
         elif _run(["ip", "-n", net.namespace, "route", "show", "default"]).strip():
             _run(["ip", "-n", net.namespace, "route", "del", "default"])
 
-    @classmethod
-    def _remove(cls, targets: list[tuple[str | None, int | None]]) -> None:
+    def _links(self) -> dict[int, str | None]:
+        """Slot -> sandbox id of this owner's host veths."""
+        out: dict[int, str | None] = {}
+        for slot, alias in _existing_slots().items():
+            if alias and alias.startswith(self._alias_prefix):
+                sandbox_id = alias[len(self._alias_prefix):]
+                if _owned_id(sandbox_id):
+                    out[slot] = sandbox_id
+        return out
+
+    def _remove(self, targets: list[tuple[str | None, int | None]]) -> None:
         """Remove the namespaces (by id), veths and nft objects (by slot) given.
 
         A veth whose namespace is deleted here goes with it (a little later, or when the last
         process in the namespace exits); deleting it explicitly would cost ~30 ms.
         """
-        namespaces = _existing_namespaces()
+        namespaces = _existing_namespaces(self._ns_prefix)
         links = _existing_slots()
         doomed_ns = {i for i, _ in targets if i is not None and i in namespaces}
-        ip_lines = [f"netns del {NETNS_PREFIX}{i}" for i in sorted(doomed_ns)]
+        ip_lines = [f"netns del {self._ns_prefix}{i}" for i in sorted(doomed_ns)]
         nft_lines = []
         for slot in sorted({s for _, s in targets if s is not None}):
-            if slot in links and links[slot] not in doomed_ns:
+            if slot in links and (links[slot] or "")[len(self._alias_prefix):] not in doomed_ns:
                 ip_lines.append(f"link del {VETH_PREFIX}{slot}")
             element = f'{{ "{VETH_PREFIX}{slot}" : jump eg-{slot} }}'
-            nft_lines += cls._slot_objects(slot) + [
+            nft_lines += self._slot_objects(slot) + [
                 f"add element {TABLE} egress {element}",
                 f"delete element {TABLE} egress {element}",
                 f"flush chain {TABLE} eg-{slot}",
