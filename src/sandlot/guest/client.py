@@ -176,17 +176,22 @@ class AgentClient:
 
     # ---- requests -------------------------------------------------------------------------
 
-    async def request(self, op: str, payload: bytes = b"", timeout: float | None = 30.0,
+    async def request(self, op: str, payload: bytes = b"", reply_timeout: float | None = 30.0,
                       **fields) -> dict:
-        """One request, one reply. Raises the mapped sandlot error on an error reply."""
+        """One request, one reply. Raises the mapped sandlot error on an error reply.
+
+        `fields` go to the agent as they are (exec's `timeout` among them); `reply_timeout`
+        bounds the wait for the reply.
+        """
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
             await self._send({"id": rid, "op": op, **fields}, payload)
-            header = await asyncio.wait_for(fut, timeout)
+            header = await asyncio.wait_for(fut, reply_timeout)
         except TimeoutError:
-            raise GuestError(f"guest agent did not answer {op} within {timeout}s") from None
+            raise GuestError(f"guest agent did not answer {op} within {reply_timeout}s"
+                             ) from None
         finally:
             self._waiters.pop(rid, None)
         if "error" in header:
