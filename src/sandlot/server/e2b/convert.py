@@ -116,7 +116,8 @@ def write_info(path: str) -> dict:
 
 
 def template_id(rec: SandboxRecord) -> str:
-    return rec.snapshot_id if rec.snapshot_id and not rec.template else (rec.template or "")
+    """The sandlot template the sandbox descends from (also when restored from a snapshot)."""
+    return rec.template or rec.snapshot_id or ""
 
 
 def created(rec: SandboxRecord, token: str) -> dict:

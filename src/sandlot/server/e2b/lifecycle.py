@@ -2,9 +2,9 @@
 
 A paused E2B sandbox is a stopped sandlot sandbox plus a sandlot snapshot named
 ``e2b-paused.<sandbox id>``: pause = snapshot (the sandbox keeps running while its state is
-captured, a pause of milliseconds) then kill; resume = restore that snapshot under the same
-sandbox id (`core.sandboxes.restore_as`), then drop the snapshot. Both live in sandlot's
-metadata store, so a paused sandbox survives a server restart.
+captured, a pause of milliseconds), kill, and wait until the snapshot is stored; resume =
+restore that snapshot under the same sandbox id (`core.sandboxes.restore_as`), then drop the
+snapshot. Both live in sandlot's metadata store, so a paused sandbox survives a restart.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ class Lifecycle:
             snap = self.core.sandboxes.snapshot(sandbox_id, pause_name(sandbox_id))
             await self.wait_captured(snap.snapshot_id)
             await self.core.sandboxes.kill(sandbox_id)
+            # Answer once the snapshot is stored: a paused sandbox outlives a server restart.
+            await self.wait_ready(snap.snapshot_id)
 
     async def resume(self, sandbox_id: str, timeout: int | None) -> SandboxRecord:
         """Restore a paused sandbox under its id. NotFoundError if it is not paused."""

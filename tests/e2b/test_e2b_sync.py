@@ -1,0 +1,362 @@
+"""The unmodified `e2b` SDK (sync classes, version pinned in pyproject.toml) against a real
+sandlot server and real VMs: E2B_API_URL and E2B_SANDBOX_URL point at the server's /e2b."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import time
+
+import httpx
+import pytest
+from e2b.sandbox.filesystem.filesystem import WriteEntry
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+import conftest
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    FileType,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxNotRunningException,
+    SandboxQuery,
+    SandboxState,
+    Template,
+    TimeoutException,
+)
+
+
+def eventually(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def e2b_opts(server) -> dict:
+    return {"api_url": f"{server.url}/e2b", "sandbox_url": f"{server.url}/e2b/envd",
+            "api_key": server.key}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def e2b_env(server):
+    """What an E2B user sets to use sandlot instead of E2B's cloud."""
+    mp = pytest.MonkeyPatch()
+    for name, value in e2b_opts(server).items():
+        mp.setenv(f"E2B_{name.upper()}", value)
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def sbx(e2b_env):
+    box = Sandbox.create("base", envs={"GREETING": "hello from create"},
+                         metadata={"suite": "e2b-sync", "owner": "tests"}, timeout=600)
+    yield box
+    box.kill()
+
+
+def test_info_list_connect_timeout(sbx):
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id
+    assert info.template_id == "base" and info.name == "base"
+    assert info.metadata == {"suite": "e2b-sync", "owner": "tests"}
+    assert info.state == SandboxState.RUNNING
+    assert info.envd_version == "0.5.7" and info.cpu_count >= 1 and info.memory_mb >= 128
+    assert sbx.is_running()
+
+    listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "e2b-sync"})).next_items()
+    assert [s.sandbox_id for s in listed] == [sbx.sandbox_id]
+    assert listed[0].state == SandboxState.RUNNING
+    assert Sandbox.list(query=SandboxQuery(metadata={"suite": "nope"})).next_items() == []
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert sbx.sandbox_id not in [s.sandbox_id for s in paused]
+
+    sbx.set_timeout(120)
+    left = (sbx.get_info().end_at - info.started_at).total_seconds()
+    assert left < 600, "set_timeout must move end_at"
+    sbx.set_timeout(600)
+
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again.sandbox_id == sbx.sandbox_id
+    assert again.commands.run("echo $GREETING").stdout == "hello from create\n"
+
+
+def test_run_streams_envs_cwd_user(sbx):
+    out, err = [], []
+    r = sbx.commands.run("echo $GREETING; echo $EXTRA; echo oops >&2; pwd; whoami",
+                         envs={"EXTRA": "per-command"}, on_stdout=out.append,
+                         on_stderr=err.append)
+    assert r.exit_code == 0
+    assert r.stdout == "hello from create\nper-command\n/home/user\nuser\n"
+    assert "".join(out) == r.stdout and "".join(err) == r.stderr == "oops\n"
+
+    r = sbx.commands.run("pwd; whoami", cwd="/tmp", user="root")
+    assert r.stdout == "/tmp\nroot\n"
+    sbx.commands.run("mkdir -p work")
+    assert sbx.commands.run("pwd", cwd="work").stdout == "/home/user/work\n"
+
+
+def test_exit_codes_and_timeout(sbx):
+    with pytest.raises(CommandExitException) as ei:
+        sbx.commands.run("echo partial; echo bad >&2; exit 3")
+    assert ei.value.exit_code == 3
+    assert ei.value.stdout == "partial\n" and ei.value.stderr == "bad\n"
+
+    t = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30; echo never", timeout=1)
+    assert time.monotonic() - t < 10
+    # the server killed it at its deadline, as envd does
+    eventually(lambda: not [p for p in sbx.commands.list() if "sleep 30" in " ".join(p.args)])
+
+
+def test_background_list_kill_stdin(sbx):
+    h = sbx.commands.run("sleep 1; echo done", background=True)
+    assert h.wait().stdout == "done\n"
+
+    h = sbx.commands.run("sleep 300", background=True)
+    procs = {p.pid: p for p in sbx.commands.list()}
+    assert h.pid in procs
+    assert procs[h.pid].cmd == "/bin/bash" and procs[h.pid].args == ["-l", "-c", "sleep 300"]
+    assert h.kill()
+    with pytest.raises(CommandExitException):
+        h.wait()
+    assert sbx.commands.kill(h.pid) is False
+
+    h2 = sbx.commands.run("sleep 300", background=True)
+    assert sbx.commands.kill(h2.pid) is True
+    eventually(lambda: h2.pid not in [p.pid for p in sbx.commands.list()])
+
+    h3 = sbx.commands.run("read a; read b; echo got $a $b", background=True, stdin=True)
+    sbx.commands.send_stdin(h3.pid, "one\n")
+    h3.send_stdin(b"two\n")
+    assert h3.wait().stdout == "got one two\n"
+
+    h4 = sbx.commands.run("wc -c", background=True, stdin=True)
+    sbx.commands.send_stdin(h4.pid, "12345")
+    sbx.commands.close_stdin(h4.pid)
+    assert h4.wait().stdout.strip() == "5"
+    assert sbx.commands.run("cat").stdout == ""  # no stdin asked for: it is closed
+
+
+def test_files_write_read(sbx):
+    info = sbx.files.write("notes/hello.txt", "hello e2b")
+    assert info.path == "/home/user/notes/hello.txt" and info.type == FileType.FILE
+    assert sbx.files.read("notes/hello.txt") == "hello e2b"
+    assert sbx.files.read("/home/user/notes/hello.txt") == "hello e2b"
+    assert sbx.files.read("~/notes/hello.txt") == "hello e2b"
+
+    blob = bytes(range(256)) * 1000
+    sbx.files.write("/tmp/blob.bin", blob)
+    assert sbx.files.read("/tmp/blob.bin", format="bytes") == blob
+    assert b"".join(sbx.files.read("/tmp/blob.bin", format="stream")) == blob
+
+    infos = sbx.files.write_files([
+        WriteEntry(path="multi/a.txt", data="A"),
+        WriteEntry(path="/tmp/multi-b.bin", data=b"\x00B\xff"),
+        WriteEntry(path="multi/c.bin", data=io.BytesIO(b"C" * 100_000)),
+    ])
+    assert [i.path for i in infos] == ["/home/user/multi/a.txt", "/tmp/multi-b.bin",
+                                       "/home/user/multi/c.bin"]
+    assert sbx.files.read("multi/a.txt") == "A"
+    assert sbx.files.read("/tmp/multi-b.bin", format="bytes") == b"\x00B\xff"
+    assert sbx.files.read("multi/c.bin", format="bytes") == b"C" * 100_000
+    sbx.files.write("gz.txt", "squeezed " * 1000, gzip=True)
+    assert sbx.files.read("gz.txt", gzip=True) == "squeezed " * 1000
+
+    owners = sbx.commands.run("stat -c %U notes notes/hello.txt /tmp/blob.bin").stdout.split()
+    assert owners == ["user", "user", "user"]
+    sbx.files.write("/root/secret.txt", "r", user="root")
+    assert sbx.commands.run("stat -c %U /root/secret.txt", user="root").stdout == "root\n"
+
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read("does/not/exist")
+
+    url = sbx.upload_url("signed/up.txt")
+    assert httpx.post(url, files={"file": ("up.txt", b"via url")}).status_code == 200
+    assert httpx.get(sbx.download_url("signed/up.txt")).content == b"via url"
+    assert httpx.get(url.replace("signature=v1_", "signature=v1_x")).status_code == 401
+
+
+def test_files_list_stat_rename_mkdir_remove(sbx):
+    sbx.files.write("tree/a.txt", "a")
+    sbx.files.write("tree/sub/b.txt", "bb")
+    assert sbx.files.make_dir("tree/empty") is True
+    assert sbx.files.make_dir("tree/empty") is False
+
+    top = {e.name: e for e in sbx.files.list("tree")}
+    assert set(top) == {"a.txt", "sub", "empty"}
+    assert top["sub"].type == FileType.DIR and top["a.txt"].type == FileType.FILE
+    deep = {e.path for e in sbx.files.list("tree", depth=2)}
+    assert "/home/user/tree/sub/b.txt" in deep and len(deep) == 4
+
+    st = sbx.files.get_info("tree/sub/b.txt")
+    assert (st.name, st.size, st.owner, st.path) == ("b.txt", 2, "user",
+                                                      "/home/user/tree/sub/b.txt")
+    assert st.permissions == "-rw-r--r--" and st.mode == 0o644
+    assert sbx.files.exists("tree/a.txt") and not sbx.files.exists("tree/nope")
+
+    moved = sbx.files.rename("tree/a.txt", "tree/moved/a2.txt")
+    assert moved.path == "/home/user/tree/moved/a2.txt"
+    assert not sbx.files.exists("tree/a.txt") and sbx.files.read("tree/moved/a2.txt") == "a"
+
+    sbx.files.remove("tree/sub")
+    assert not sbx.files.exists("tree/sub/b.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.remove("tree/sub")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.list("tree/sub")
+
+
+def test_watch_dir(sbx):
+    sbx.files.make_dir("watched")
+    w = sbx.files.watch_dir("watched", recursive=True)
+    sbx.files.write("watched/new.txt", "1")
+    sbx.files.make_dir("watched/d")
+    sbx.files.write("watched/d/inner.txt", "2")
+    events = {(e.name, e.type) for e in w.get_new_events()}
+    assert {("new.txt", FilesystemEventType.CREATE), ("d", FilesystemEventType.CREATE),
+            ("d/inner.txt", FilesystemEventType.CREATE)} <= events
+    sbx.files.remove("watched/new.txt")
+    assert ("new.txt", FilesystemEventType.REMOVE) in {(e.name, e.type)
+                                                       for e in w.get_new_events()}
+    w.stop()
+
+
+def test_pause_and_resume_keep_state():
+    box = Sandbox.create(metadata={"suite": "e2b-pause"}, timeout=600)
+    box.files.write("state.txt", "before pause")
+    bg = box.commands.run("sleep 600", background=True)
+
+    assert box.pause() is True
+    assert not box.is_running()
+    assert box.get_info().state == SandboxState.PAUSED
+    listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "e2b-pause"})).next_items()
+    assert [(s.sandbox_id, s.state) for s in listed] == [(box.sandbox_id, SandboxState.PAUSED)]
+    assert box.pause() is False  # already paused
+    with pytest.raises(SandboxNotRunningException):
+        box.commands.run("true")
+
+    resumed = Sandbox.connect(box.sandbox_id, timeout=600)
+    assert resumed.sandbox_id == box.sandbox_id
+    assert resumed.get_info().state == SandboxState.RUNNING
+    assert resumed.get_info().metadata == {"suite": "e2b-pause"}
+    assert resumed.files.read("state.txt") == "before pause"
+    assert bg.pid in {p.pid for p in resumed.commands.list()}, "memory state: processes live on"
+    assert bg.kill()
+    assert box.is_running()  # the old handle names the same sandbox
+
+    assert resumed.kill() is True
+    assert not box.is_running()
+    assert Sandbox.kill(box.sandbox_id) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(box.sandbox_id)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(box.sandbox_id)
+
+
+def test_snapshots_and_fork():
+    src = Sandbox.create(metadata={"suite": "e2b-snap"}, timeout=600)
+    made = [src]
+    try:
+        src.files.write("gen.txt", "one")
+        t = time.monotonic()
+        snap = src.create_snapshot()
+        capture_s = time.monotonic() - t
+        src.files.write("gen.txt", "two")
+        assert snap.snapshot_id.startswith("snap-")
+        assert snap.snapshot_id in [s.snapshot_id for s in src.list_snapshots().next_items()]
+        assert snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+
+        t = time.monotonic()
+        from_snap = Sandbox.create(snap.snapshot_id, timeout=600)
+        made.append(from_snap)
+        restore_s = time.monotonic() - t
+        assert from_snap.files.read("gen.txt") == "one"
+        assert from_snap.get_info().template_id == "base"  # the template it descends from
+
+        t = time.monotonic()
+        forks = src.fork(count=2)
+        fork_s = time.monotonic() - t
+        made += [f for f in forks if isinstance(f, Sandbox)]
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {src.sandbox_id}) == 3
+        for f in forks:
+            assert f.files.read("gen.txt") == "two"
+            assert f.get_info().metadata == {"suite": "e2b-snap"}
+        forks[0].files.write("gen.txt", "three")
+        assert forks[1].files.read("gen.txt") == "two" and src.files.read("gen.txt") == "two"
+        # sandlot speed: memory snapshots, restores instead of boots (generous for TCG and CI)
+        assert capture_s < 30 and restore_s < 60 and fork_s < 60, (capture_s, restore_s, fork_s)
+
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+        assert snap.snapshot_id not in [s.snapshot_id
+                                        for s in Sandbox.list_snapshots().next_items()]
+        with pytest.raises(SandboxException):
+            Sandbox.create(snap.snapshot_id)
+    finally:
+        for box in made:
+            box.kill()
+
+
+def test_unsupported_calls_say_what_instead(sbx):
+    with pytest.raises(SandboxException) as ei:
+        sbx.get_metrics()
+    assert ei.value.status_code == 501 and "metrics" in str(ei.value)
+    with pytest.raises(Exception) as ei:
+        Template.build(Template().from_image("ubuntu:22.04"), "e2b-built")
+    assert "501" in str(ei.value) and "sandlot template build" in str(ei.value)
+    with pytest.raises(SandboxException) as ei:
+        Sandbox.create("no-such-template")
+    assert ei.value.status_code == 404 and "base" in str(ei.value)
+    with pytest.raises(SandboxException) as ei:
+        Sandbox.create(lifecycle={"on_timeout": "pause"})
+    assert ei.value.status_code == 501
+    with pytest.raises(SandboxException) as ei:
+        sbx.create_snapshot(mode="filesystem")
+    assert ei.value.status_code == 400
+    with pytest.raises(SandboxException, match="PTY"):
+        from e2b import PtySize
+
+        sbx.pty.create(PtySize(rows=24, cols=80))
+    with pytest.raises(NotFoundException):
+        sbx.commands.connect(999999)
+    raw = httpx.get(f"{sbx.connection_config.api_url}/volumes",
+                    headers={"X-API-KEY": sbx.connection_config.api_key})
+    assert raw.status_code == 501 and set(raw.json()) == {"code", "message"}
+
+
+def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):
+    """A second template (the base build under another name) in a private images dir, and a
+    paused sandbox that outlives a server restart."""
+    images = tmp_path / "images"
+    (images / "templates").mkdir(parents=True)
+    for sub in ("builds", "kernel"):
+        (images / sub).symlink_to(conftest.IMAGES_DIR / sub)
+    base = json.loads((conftest.IMAGES_DIR / "templates" / "base.json").read_text())
+    shutil.copy(conftest.IMAGES_DIR / "templates" / "base.json", images / "templates")
+    (images / "templates" / "e2b-other.json").write_text(json.dumps(base | {"name": "e2b-other"}))
+    monkeypatch.setattr(conftest, "IMAGES_DIR", images)  # Server.start passes it on
+
+    srv = conftest._make_server(tmp_path, "e2b")
+    srv.start()
+    try:
+        opts = e2b_opts(srv)
+        box = Sandbox.create("e2b-other", timeout=600, **opts)
+        assert box.get_info().template_id == "e2b-other"
+        box.files.write("kept.txt", "across restarts")
+        assert box.pause()
+        srv.stop()
+        srv.start()
+        again = Sandbox.connect(box.sandbox_id, **opts)
+        assert again.get_info().template_id == "e2b-other"
+        assert again.files.read("kept.txt") == "across restarts"
+        again.kill()
+    finally:
+        conftest._cleanup(srv)
