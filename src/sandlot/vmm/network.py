@@ -38,6 +38,7 @@ policy or address raises ``InvalidArgumentError``; setting up a sandbox twice ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ipaddress
 import json
@@ -628,10 +629,11 @@ class NetworkManager:
         links = _existing_slots()
         doomed_ns = {i for i, _ in targets if i is not None and i in namespaces}
         ip_lines = [f"netns del {self._ns_prefix}{i}" for i in sorted(doomed_ns)]
+        link_lines = []
         nft_lines = []
         for slot in sorted({s for _, s in targets if s is not None}):
             if slot in links and (links[slot] or "")[len(self._alias_prefix):] not in doomed_ns:
-                ip_lines.append(f"link del {VETH_PREFIX}{slot}")
+                link_lines.append(f"link del {VETH_PREFIX}{slot}")
             element = f'{{ "{VETH_PREFIX}{slot}" : jump eg-{slot} }}'
             nft_lines += self._slot_objects(slot) + [
                 f"add element {TABLE} egress {element}",
@@ -644,6 +646,10 @@ class NetworkManager:
         commands = []
         if ip_lines:
             commands.append(_ip_batch(ip_lines))
+        for line in link_lines:
+            # The veth may vanish on its own meanwhile (its namespace is going away): fine.
+            with contextlib.suppress(SandboxError):
+                _run(["ip", *line.split()])
         if nft_lines:
             commands.append(_nft_batch([
                 f"add table {TABLE}", f"add map {TABLE} egress {{ type ifname : verdict; }}",
