@@ -1,0 +1,287 @@
+"""Sandbox networking with real VMs: outbound access and DNS, isolation, exposed ports,
+egress rules, networking after fork, and cleanup.
+
+The "internet" is a network namespace this module makes, reachable from the host over a veth:
+    host ── sltnet<sfx> 203.0.113.1/24 ═ netns slt-web-<sfx>: 203.0.113.2 web "A" + dnsmasq,
+                                                             203.0.113.3 web "B"
+Nothing here talks to anything outside this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import _cleanup, _make_server, qemu_pids
+
+from sandlot import Sandbox
+
+SFX = f"{os.getpid() % 0x10000:x}"
+WEB_NS = f"slt-web-{SFX}"
+WEB_VETH = f"sltnet{SFX}"
+HOST_IP, WEB_A, WEB_B = "203.0.113.1", "203.0.113.2", "203.0.113.3"
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    if check and proc.returncode:
+        raise RuntimeError(f"{argv}: {proc.stderr}")
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory):
+    """The test's own internet: two web servers and a DNS server in a namespace."""
+    root = tmp_path_factory.mktemp("web")
+    procs: list[subprocess.Popen] = []
+    sh("ip", "netns", "add", WEB_NS)
+    try:
+        sh("ip", "link", "add", WEB_VETH, "type", "veth", "peer", "name", "eth0", "netns", WEB_NS)
+        sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", WEB_VETH)
+        sh("ip", "link", "set", WEB_VETH, "up")
+        for args in (["addr", "add", f"{WEB_A}/24", "dev", "eth0"],
+                     ["addr", "add", f"{WEB_B}/24", "dev", "eth0"],
+                     ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
+            sh("ip", "-n", WEB_NS, *args)
+        for name, addr in (("A", WEB_A), ("B", WEB_B)):
+            (root / name).mkdir()
+            (root / name / "index.html").write_text(f"site-{name}\n")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", WEB_NS, "python3", "-m", "http.server", "80", "--bind",
+                 addr, "--directory", str(root / name)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", WEB_NS, "dnsmasq", "--no-daemon", "--conf-file=/dev/null",
+             "--no-resolv", "--no-hosts", "--bind-interfaces", f"--listen-address={WEB_A}",
+             f"--address=/svc-b.test/{WEB_B}", "--pid-file=", "--user=root"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            listening = sh("ip", "netns", "exec", WEB_NS, "ss", "-lntu", "-H")
+            if all(f"{a}:80 " in listening for a in (WEB_A, WEB_B)) and f"{WEB_A}:53 " in listening:
+                break
+            time.sleep(0.1)
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(5)
+        sh("ip", "link", "del", WEB_VETH, check=False)
+        sh("ip", "netns", "del", WEB_NS, check=False)
+
+
+@pytest.fixture(scope="module")
+def net_server(web, tmp_path_factory):
+    """A server whose sandboxes resolve names through the test's DNS server."""
+    srv = _make_server(tmp_path_factory.mktemp("net"), "net")
+    srv.extra_env = {"SANDLOT_DNS": WEB_A, "SANDLOT_NET_POOL": "10.207.0.0/16"}
+    srv.start()
+    yield srv
+    _cleanup(srv)
+
+
+@pytest.fixture
+def make(net_server):
+    made: list[Sandbox] = []
+
+    def create(**kw) -> Sandbox:
+        box = Sandbox.create(**net_server.client_kwargs(), timeout=600, **kw)
+        made.append(box)
+        return box
+
+    yield create
+    for box in made:
+        box.kill()
+
+
+PROBE = """
+import socket, sys
+ok = []
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    s = socket.socket()
+    s.settimeout(1.5)
+    try:
+        s.connect((host, int(port)))
+        ok.append(target)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(" ".join(ok))
+"""
+
+
+def reachable(box: Sandbox, *targets: str) -> list[str]:
+    """Which of host:port `targets` the guest can open a TCP connection to."""
+    box.files.write("/tmp/probe.py", PROBE)
+    out = box.commands.run(f"python3 /tmp/probe.py {' '.join(targets)}", timeout=120)
+    return out.stdout.split()
+
+
+def curl(box: Sandbox, url: str) -> str:
+    r = box.commands.run(f"curl -s -m 5 {url}", timeout=60)
+    return r.stdout.strip() if r.exit_code == 0 else f"curl failed ({r.exit_code})"
+
+
+def host_addresses() -> list[str]:
+    out = sh("ip", "-4", "-o", "addr", "show")
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+def namespace_of(server, box: Sandbox) -> str:
+    owner = "".join(c for c in server.instance.lower() if c.isalnum())[:16]
+    return f"sl-{owner}.{box.sandbox_id}"
+
+
+def test_outbound_and_dns(make):
+    box = make()
+    assert curl(box, f"http://{WEB_A}/") == "site-A"
+    assert box.commands.run("getent hosts svc-b.test").stdout.split()[0] == WEB_B
+    assert curl(box, "http://svc-b.test/") == "site-B"
+
+
+def test_no_internet(make):
+    box = make(internet=False)
+    assert curl(box, f"http://{WEB_A}/").startswith("curl failed")
+    assert box.commands.run("getent hosts svc-b.test").exit_code != 0
+
+
+def test_host_and_loopback_unreachable(make, net_server):
+    """A server on every host address, the sandlot API too: the guest reaches none of them."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+                conn.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        box = make()
+        api_port = net_server.port
+        targets = [f"{addr}:{p}" for addr in ["127.0.0.1", "10.0.2.2", "10.0.2.3",
+                                              *host_addresses()]
+                   for p in (port, api_port)]
+        # The host itself can connect to them (the probe is not vacuous).
+        for host, p in [(a, port) for a in host_addresses()] + [("127.0.0.1", api_port)]:
+            with socket.create_connection((host, p), timeout=2):
+                pass
+        assert reachable(box, *targets) == []
+        assert reachable(box, f"{WEB_A}:80") == [f"{WEB_A}:80"]  # while the internet works
+    finally:
+        stop.set()
+        thread.join(2)
+        listener.close()
+
+
+def test_sandboxes_cannot_reach_each_other(make, net_server):
+    a = make()
+    b = make()
+    a.commands.run("python3 -m http.server 8000 >/dev/null 2>&1 &")
+    ns_a = namespace_of(net_server, a)
+    addrs = sh("ip", "-n", ns_a, "-4", "-o", "addr", "show", "dev", "eth0")
+    ns_addr = addrs.split()[3].split("/")[0]
+    host_side = str(ns_addr[: ns_addr.rfind(".")]) + "." + str(int(ns_addr.rsplit(".", 1)[1]) - 1)
+    deadline = time.monotonic() + 30
+    while "8000" not in a.commands.run("ss -lnt").stdout and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert reachable(a, "127.0.0.1:8000") == ["127.0.0.1:8000"]
+    assert reachable(b, f"{ns_addr}:8000", f"{host_side}:8000", "10.0.2.15:8000") == []
+
+
+def test_exposed_ports_on_parent_and_forks(make):
+    parent = make()
+    parent.commands.run("mkdir -p /srv/www && echo parent > /srv/www/index.html && "
+                        "cd /srv/www && python3 -m http.server 8080 >/dev/null 2>&1 &")
+    host = parent.get_host(8080)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{host}/", timeout=2).text == "parent\n":
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    assert httpx.get(f"http://{host}/", timeout=5).text == "parent\n"
+
+    snap = parent.create_snapshot()
+    snap.wait(timeout=120)
+    assert httpx.get(f"http://{host}/", timeout=5).text == "parent\n"
+
+    children = parent.fork(3)
+    assert len(children) == 3 and not children.errors
+    hosts = set()
+    for i, child in enumerate(children):
+        child.commands.run(f"echo child-{i} > /srv/www/index.html")
+        child_host = child.get_host(8080)
+        hosts.add(child_host)
+        assert httpx.get(f"http://{child_host}/", timeout=5).text == f"child-{i}\n"
+        assert curl(child, f"http://{WEB_A}/") == "site-A"  # outbound works at once too
+        child.kill()
+    assert httpx.get(f"http://{host}/", timeout=5).text == "parent\n"
+    assert host not in hosts and len(hosts) == 3
+
+    restored = Sandbox.create(snapshot_id=snap.snapshot_id, api_url=parent._api.api_url,
+                              api_key=parent._api.api_key)
+    try:
+        assert httpx.get(f"http://{restored.get_host(8080)}/", timeout=10).text == "parent\n"
+    finally:
+        restored.kill()
+        snap.remove()
+
+
+def test_egress_rules(make):
+    box = make(network={"allow_out": [f"{WEB_A}/32"]})
+    assert curl(box, f"http://{WEB_A}/") == "site-A"
+    assert curl(box, f"http://{WEB_B}/").startswith("curl failed")
+    box.set_network(allow_out=[], deny_out=[WEB_A])
+    assert curl(box, f"http://{WEB_A}/").startswith("curl failed")
+    assert curl(box, f"http://{WEB_B}/") == "site-B"
+    box.set_network(deny_out=[])
+    assert curl(box, f"http://{WEB_A}/") == "site-A"
+    box.set_network(internet=False)
+    assert curl(box, f"http://{WEB_B}/").startswith("curl failed")
+
+
+def test_no_leftovers_after_kill_and_restart(net_server):
+    kw = net_server.client_kwargs()
+    a = Sandbox.create(**kw)
+    b = Sandbox.create(**kw)
+    prefix = namespace_of(net_server, a).rsplit(".", 1)[0] + "."
+
+    def ours() -> set[str]:
+        return {n.split()[0] for n in sh("ip", "netns", "list").splitlines()
+                if n.startswith(prefix)}
+
+    assert {namespace_of(net_server, a), namespace_of(net_server, b)} <= ours()
+    a.kill()
+    assert namespace_of(net_server, a) not in ours()
+
+    net_server.stop(signal.SIGKILL)
+    os.kill(b.info.pid, signal.SIGKILL)  # b dies while no server watches
+    net_server.start()
+    assert not Sandbox.connect(b.sandbox_id, **kw).is_running()
+    assert ours() == set()
+    assert qemu_pids(net_server.run_root) == []
+    aliases = [Path(f"/sys/class/net/{n}/ifalias").read_text().strip()
+               for n in os.listdir("/sys/class/net") if n.startswith("slv")]
+    assert not [a for a in aliases if a.endswith((a_id := b.sandbox_id))], a_id
