@@ -10,10 +10,6 @@ import time
 
 import httpx
 import pytest
-from e2b.sandbox.filesystem.filesystem import WriteEntry
-from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
-
-import conftest
 from e2b import (
     CommandExitException,
     FileNotFoundException,
@@ -28,6 +24,10 @@ from e2b import (
     Template,
     TimeoutException,
 )
+from e2b.sandbox.filesystem.filesystem import WriteEntry
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+import conftest
 
 
 def eventually(check, timeout: float = 10.0) -> None:

@@ -215,8 +215,11 @@ async def send_signal(ctx: Envd, msg: dict) -> dict:
     if sig is None:
         raise InvalidArgumentError("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
     pid = _pid(ctx, msg)
-    if not (await ctx.agent("kill", pid=pid, signal=int(sig)))["killed"]:
-        raise NotFoundError(f"process with pid {pid} not found (it has exited)")
+    # Ask ps first: the agent's own "killed" flag can read False when the process dies
+    # between the signal and the reply.
+    if pid not in {p["pid"] for p in (await ctx.agent("ps"))["processes"]}:
+        raise NotFoundError(f"process with pid {pid} not found (it is not running)")
+    await ctx.agent("kill", pid=pid, signal=int(sig))
     return {}
 
 
