@@ -156,16 +156,19 @@ def test_files_write_read(sbx):
     assert sbx.files.read("/tmp/blob.bin", format="bytes") == blob
     assert b"".join(sbx.files.read("/tmp/blob.bin", format="stream")) == blob
 
-    infos = sbx.files.write_files([
+    infos = sbx.files.write_files([  # one multipart request
         WriteEntry(path="multi/a.txt", data="A"),
-        WriteEntry(path="/tmp/multi-b.bin", data=b"\x00B\xff"),
-        WriteEntry(path="multi/c.bin", data=io.BytesIO(b"C" * 100_000)),
+        WriteEntry(path="/tmp/multi-b.bin", data=b"\r\n--\x00B\xff"),
+        WriteEntry(path="multi/c.bin", data=blob),
     ])
     assert [i.path for i in infos] == ["/home/user/multi/a.txt", "/tmp/multi-b.bin",
                                        "/home/user/multi/c.bin"]
     assert sbx.files.read("multi/a.txt") == "A"
-    assert sbx.files.read("/tmp/multi-b.bin", format="bytes") == b"\x00B\xff"
-    assert sbx.files.read("multi/c.bin", format="bytes") == b"C" * 100_000
+    assert sbx.files.read("/tmp/multi-b.bin", format="bytes") == b"\r\n--\x00B\xff"
+    assert sbx.files.read("multi/c.bin", format="bytes") == blob
+    streamed = sbx.files.write("stream.bin", io.BytesIO(b"C" * 3_000_000))  # octet-stream
+    assert streamed.path == "/home/user/stream.bin"
+    assert sbx.files.read("stream.bin", format="bytes") == b"C" * 3_000_000
     sbx.files.write("gz.txt", "squeezed " * 1000, gzip=True)
     assert sbx.files.read("gz.txt", gzip=True) == "squeezed " * 1000
 
