@@ -49,7 +49,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> None:
-        self.env = {**os.environ, "SANDLOT_API_KEY": self.key, "SANDLOT_IMAGES_DIR": str(IMAGES_DIR),
+        self.env = {**os.environ, "SANDLOT_API_KEY": self.key,
+                    "SANDLOT_IMAGES_DIR": str(IMAGES_DIR),
                     "SANDLOT_INSTANCE": self.instance, "SANDLOT_DATA_DIR": str(self.data_dir),
                     **self.extra_env}
         log = open(self.log_path, "ab")

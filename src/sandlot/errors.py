@@ -13,8 +13,8 @@
     ├── StorageError           500  snapshot data missing, corrupt, or not writable
     └── BuildError             500  a template build step failed
 
-The server maps errors to HTTP by `status` in one handler and sends ``{"error": {"type", "message"}}``;
-the SDK raises the class named by ``type``.
+The server maps errors to HTTP by `status` in one handler and sends
+``{"error": {"type", "message"}}``; the SDK raises the class named by ``type``.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import _cleanup, _make_server, qemu_pids
 
+from conftest import _cleanup, _make_server, qemu_pids
 from sandlot import Sandbox
 
 SFX = f"{os.getpid() % 0x10000:x}"
@@ -284,4 +284,4 @@ def test_no_leftovers_after_kill_and_restart(net_server):
     assert qemu_pids(net_server.run_root) == []
     aliases = [Path(f"/sys/class/net/{n}/ifalias").read_text().strip()
                for n in os.listdir("/sys/class/net") if n.startswith("slv")]
-    assert not [a for a in aliases if a.endswith((a_id := b.sandbox_id))], a_id
+    assert not [a for a in aliases if a.endswith(a_id := b.sandbox_id)], a_id

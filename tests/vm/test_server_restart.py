@@ -8,7 +8,6 @@ import subprocess
 import time
 
 from conftest import qemu_pids
-
 from sandlot import Sandbox
 
 

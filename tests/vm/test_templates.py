@@ -27,8 +27,9 @@ run = ["echo built-at-build-time > /srv/app/built.txt", "chown -R user:user /srv
 
 def build(spec_path, images_dir) -> subprocess.CompletedProcess:
     env = {**os.environ, "SANDLOT_IMAGES_DIR": str(images_dir)}
-    return subprocess.run([sys.executable, "-m", "sandlot.cli", "template", "build", str(spec_path)],
-                          capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "sandlot.cli", "template", "build", str(spec_path)],
+        capture_output=True, text=True, env=env, timeout=900)
 
 
 @pytest.mark.timeout(1200)

@@ -96,7 +96,8 @@ class SandboxManager:
             raise NotFoundError(f"sandbox {sandbox_id!r} not found")
         return SandboxRecord.model_validate(doc)
 
-    def list(self, metadata: dict[str, str] | None = None, all: bool = False) -> list[SandboxRecord]:
+    def list(self, metadata: dict[str, str] | None = None,
+             all: bool = False) -> list[SandboxRecord]:
         if all:
             recs = [SandboxRecord.model_validate(d) for d in self.db.sandboxes()]
         else:

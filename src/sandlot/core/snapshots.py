@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 import secrets
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
 from sandlot.core.config import Settings
 from sandlot.core.models import SnapshotRecord, SnapshotState, now, to_doc, transition

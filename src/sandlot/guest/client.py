@@ -198,7 +198,8 @@ class AgentClient:
             raise agent_error(header["error"])
         return header
 
-    async def stream(self, op: str, payload: bytes = b"", **fields) -> AsyncIterator[tuple[dict, bytes]]:
+    async def stream(self, op: str, payload: bytes = b"",
+                     **fields) -> AsyncIterator[tuple[dict, bytes]]:
         """Send a request and yield its events until a terminal one (exit, ok or error)."""
         rid = self._new_id()
         queue: asyncio.Queue = asyncio.Queue(maxsize=64)

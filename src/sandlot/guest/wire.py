@@ -2,7 +2,9 @@
 
 A frame is::
 
-    MAGIC (4 bytes) | header_len (u32 BE) | payload_len (u32 BE) | header (UTF-8 JSON object) | payload
+    MAGIC (4 bytes) | header_len (u32 BE) | payload_len (u32 BE) | header | payload
+
+where the header is a UTF-8 JSON object.
 
 Both sides treat the peer as hostile: lengths are capped before anything is allocated, and a
 reader that meets bytes that are not a frame start (left over from a connection that dropped

@@ -28,7 +28,8 @@ for m in {modules}; do insmod /lib/modules/$m.ko 2>/dev/null; done
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
 mkdir -p /newroot
-mount -t ext4 -o rw,noatime /dev/vda /newroot || {{ echo "sandlot: cannot mount /dev/vda"; sleep 5; poweroff -f; }}
+mount -t ext4 -o rw,noatime /dev/vda /newroot || {{
+  echo "sandlot: cannot mount /dev/vda"; sleep 5; poweroff -f; }}
 umount /proc /sys
 mount --move /dev /newroot/dev 2>/dev/null || umount /dev
 exec switch_root /newroot /sbin/sandlot-init

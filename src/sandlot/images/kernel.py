@@ -1,4 +1,4 @@
-"""Guest kernel: Debian's cloud kernel package, fetched with apt and unpacked (never booted here)."""
+"""Guest kernel: Debian's cloud kernel package, fetched with apt and unpacked."""
 
 from __future__ import annotations
 

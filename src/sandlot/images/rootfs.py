@@ -24,7 +24,8 @@ GUEST_FILES = {
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 # Build steps run with this environment only, not the host's (whose PIP_*/SSL_* variables
 # point at host paths): builds do not depend on who runs them.
-CLEAN_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8"
+CLEAN_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "
+             "LANG=C.UTF-8")
 
 
 def host_apt_sources() -> list[str]:

@@ -100,7 +100,8 @@ class MachineSpec:
             backend = f"memory-backend-ram,id=mem,size={mem}"
         else:
             share = "on" if self.ram_share else "off"
-            backend = f"memory-backend-file,id=mem,size={mem},mem-path={self.ram_path},share={share}"
+            backend = (f"memory-backend-file,id=mem,size={mem},mem-path={self.ram_path},"
+                       f"share={share}")
         cmd = [
             *self.exec_prefix,
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
@@ -149,7 +150,8 @@ class MachineSpec:
 class Machine:
     """A running QEMU process and its QMP session (async only)."""
 
-    def __init__(self, spec: MachineSpec, pid: int, proc: asyncio.subprocess.Process | None) -> None:
+    def __init__(self, spec: MachineSpec, pid: int,
+                 proc: asyncio.subprocess.Process | None) -> None:
         self.spec = spec
         self.pid = pid
         self._proc = proc
