@@ -17,8 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
 from sandlot.core.service import Core
-from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError, SandlotError
-from sandlot.server.auth import require_key
+from sandlot.errors import (
+    AuthenticationError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SandlotError,
+)
+from sandlot.server.auth import bearer_key
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
@@ -44,8 +50,15 @@ class E2BRoute(APIRoute):
         return route
 
 
-router = APIRouter(prefix=PREFIX, route_class=E2BRoute, dependencies=[Depends(require_key)],
-                   include_in_schema=False)
+async def require_e2b_key(request: Request) -> None:
+    key = bearer_key(request)  # the SDK sends X-API-KEY
+    if not key or not core(request).db.key_valid(key):
+        raise AuthenticationError("missing or invalid API key: set E2B_API_KEY to a sandlot API "
+                                  "key (`sandlot keys create`)")
+
+
+router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
+                   dependencies=[Depends(require_e2b_key)], include_in_schema=False)
 
 
 class Body(BaseModel):
