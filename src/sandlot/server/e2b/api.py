@@ -189,10 +189,9 @@ def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict
     if limit is not None and limit < 1:
         raise InvalidArgumentError("limit must be at least 1")
     size = min(limit or MAX_PAGE, MAX_PAGE)
-    try:
-        start = int(token or 0)
-    except ValueError:
-        raise InvalidArgumentError(f"invalid nextToken {token!r}") from None
+    start = int(token) if token and token.isdigit() else 0
+    if token and not token.isdigit():
+        raise InvalidArgumentError(f"invalid nextToken {token!r}")
     page = items[start:start + size]
     headers = {"x-next-token": str(start + size)} if start + size < len(items) else {}
     return page, headers
