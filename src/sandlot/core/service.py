@@ -95,8 +95,12 @@ class Core:
             for d in root.iterdir() if root.exists() else ():
                 if d.name not in adopted:
                     shutil.rmtree(d, ignore_errors=True)
+        current = {f"tpl-{t.hash}" for t in self.templates.list()}
+        used = {lv.record.source_key for lv in adopted.values()}
         for key in self.hot.keys():
             if key.startswith("tpl-"):
+                if key not in current and key not in used:
+                    self.hot.remove(key)  # an old build of a template: 100s of MB of tmpfs
                 continue
             self.snapshots.release(key)
         if adopted:

@@ -184,6 +184,10 @@ class SnapshotManager:
                                self.templates.builds / rec.base / "rootfs.ext4", "raw")
             self.hot.mark_ready(key)
             self._spawn(self._compact(live, result.disk))
+            # The migration read every page of the sandbox's RAM, and reading a hole of the
+            # tmpfs file it was restored from allocates it: give those zero pages back too.
+            source_ram = self.hot.paths(live.record.source_key)["ram"]
+            self._spawn(self._punch([result.ram, result.dimm, source_ram]))
             rec.pause_ms = round(result.pause_ms, 2)
             rec.capture_ms = round(result.total_ms, 2)
         except BaseException as e:
@@ -203,6 +207,14 @@ class SnapshotManager:
                 log.warning("disk chain of %s not compacted: %s", live.sandbox_id, e)
                 return
             frozen.unlink(missing_ok=True)
+
+    async def _punch(self, files: list[Path | None]) -> None:
+        for ram in files:
+            if ram is not None and ram.exists():
+                try:
+                    await vmm_snapshot.punch_zero_pages(ram)
+                except SandlotError as e:
+                    log.warning("could not free zero pages of %s: %s", ram, e)
 
     async def upload(self, rec: SnapshotRecord) -> SnapshotRecord:
         key = rec.snapshot_id

@@ -130,7 +130,10 @@ async def snapshot_build(settings: Settings, build: Path, spec: TemplateSpec) ->
     try:
         await agent.configure(env=dict(spec.env), generation="template")
         # Let boot-time work settle so the snapshot is of an idle guest.
-        await agent.request("exec", cmd="sync", stream=False)
+        # Freed pages are zeroed (init_on_free=1), so dropping caches leaves them out of the
+        # snapshot: less RAM to store, map and migrate for everything derived from it.
+        await agent.request("exec", cmd="sync; echo 3 > /proc/sys/vm/drop_caches",
+                            stream=False)
         await asyncio.sleep(1.0)
         result = await vmm_snapshot.capture(machine, work / "snap", work / "after.qcow2",
                                             settings.run_root / f"th-{build.name[:8]}", "ov1")
@@ -138,6 +141,7 @@ async def snapshot_build(settings: Settings, build: Path, spec: TemplateSpec) ->
         await agent.close()
         await machine.kill()
         shutil.rmtree(run_dir, ignore_errors=True)
+    await vmm_snapshot.punch_zero_pages(result.ram)
     disk = work / "snap" / "disk.qcow2"
     await flatten_onto(result.disk, disk, build / "rootfs.ext4", "raw")
     store = BlobStore(build / "store")

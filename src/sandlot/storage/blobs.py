@@ -135,10 +135,15 @@ class BlobStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(src, "rb") as fin, open(tmp, "wb") as fout:
                 reader = zstandard.ZstdDecompressor().stream_reader(fin)
+                pending = b""  # keep writes page-aligned, so zero pages are found and skipped
                 while chunk := reader.read(CHUNK):
                     sha.update(chunk)
-                    _write_sparse(fout, chunk)
                     size += len(chunk)
+                    pending += chunk
+                    whole = len(pending) - len(pending) % PAGE
+                    _write_sparse(fout, pending[:whole])
+                    pending = pending[whole:]
+                _write_sparse(fout, pending)
                 fout.truncate(size)
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)

@@ -40,7 +40,7 @@ MAX_MEM_MB = 16384
 MEM_SLOTS = 4
 KERNEL_CMDLINE = (
     "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1 memhp_default_state=online "
-    "tsc=reliable no_timer_check random.trust_bootloader=off"
+    "tsc=reliable no_timer_check random.trust_bootloader=off init_on_free=1"
 )
 
 

@@ -9,7 +9,10 @@ Capture (the guest keeps running; its pause is only migration's final switchover
    to a new overlay (``blockdev-snapshot-sync``), freezing the old overlay as the snapshot's disk
    at exactly the RAM's instant. Then the switchover finishes and the source continues (``cont``).
 3. The holder, never run, saves its device state with ``x-ignore-shared`` (RAM skipped: it is
-   in the file) and exits. Zero pages are punched out of the RAM file.
+   in the file) and exits.
+
+The holder's migration allocates tmpfs pages for zero pages too: `punch_zero_pages` gives them
+back. It changes no byte of the file, so it is safe to run while restores map it.
 
 Restore: a new QEMU maps the snapshot RAM file ``share=off`` (MAP_PRIVATE: copy-on-write over
 the shared page cache), gets its own qcow2 overlay on the snapshot disk, and loads the device
@@ -39,6 +42,7 @@ MIGRATE_PARAMS = {
 @dataclass
 class CaptureResult:
     ram: Path
+    dimm: Path | None
     devstate: Path
     disk: Path  # the frozen overlay (its backing chain holds the rest)
     pause_ms: float  # source stopped -> running again, as the host saw it
@@ -112,10 +116,8 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     finally:
         await holder.kill()
         shutil.rmtree(holder_dir, ignore_errors=True)
-    await punch_zero_pages(ram)
-    if holder_spec.dimm_path is not None:
-        await punch_zero_pages(holder_spec.dimm_path)
-    return CaptureResult(ram=ram, devstate=devstate, disk=frozen_disk,
+    return CaptureResult(ram=ram, dimm=holder_spec.dimm_path, devstate=devstate,
+                         disk=frozen_disk,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000)
 
