@@ -1,0 +1,240 @@
+"""The figures: JSON (a fixed set of keys, plus details) and a rich table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from _plan import Plan
+from _stats import Series
+from _steps import Results
+
+PEER_KEYS = ("peer_restore_ms_p50", "peer_fork8_wall_ms")
+REQUIRED = (
+    "cold_boot_ms", "create_ms_p50", "exec_ms_p50", "file_mb_s", "snapshot_pause_ms_p50",
+    "snapshot_ready_ms_p50", "restore_ms_p50", "fork1_ms_p50", "fork8_wall_ms", "fork32_wall_ms",
+    "fork_private_mib", "fork_pss_mib", "idle20_pss_mib", "snapshot_stored_mib",
+    *PEER_KEYS, "accel", "host",
+)
+# required key -> the series it is the median of
+FROM_SERIES = {
+    "cold_boot_ms": "cold_boot_ms", "create_ms_p50": "create_ms", "exec_ms_p50": "exec_ms",
+    "file_mb_s": "file_mb_s", "snapshot_pause_ms_p50": "snapshot_pause_ms",
+    "snapshot_ready_ms_p50": "snapshot_ready_ms", "restore_ms_p50": "restore_ms",
+    "fork1_ms_p50": "fork1_ms", "fork8_wall_ms": "fork8_wall_ms",
+    "fork32_wall_ms": "fork32_wall_ms", "fork_private_mib": "fork8_private_mib",
+    "fork_pss_mib": "fork8_pss_mib", "snapshot_stored_mib": "snapshot_stored_mib",
+}
+TARGETS = {  # key -> (comparison, limit); from the issues
+    "create_ms_p50": ("<=", 150), "snapshot_pause_ms_p50": ("<=", 30),
+    "snapshot_pause_big_ms_p50": ("<=", 30),
+    "fork1_ms_p50": ("<=", 150), "fork8_wall_ms": ("<=", 800), "fork32_wall_ms": ("<=", 3000),
+    "fork_private_mib": ("<=", 8), "fork_pss_mib": ("<=", 60), "create_speedup": (">=", 40),
+}
+
+
+def host_info() -> dict:
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kib = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
+    try:
+        qemu = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True,
+                              text=True, timeout=10).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        qemu = "unknown"
+    return {"cores": os.cpu_count(), "ram_gib": round(mem_kib / 2**20, 1), "cpu_model": model,
+            "kernel": platform.release(), "qemu": qemu,
+            "kvm": "PVM (no VMX/SVM)" if os.path.exists("/sys/module/kvm_pvm") else
+            ("present" if os.path.exists("/dev/kvm") else "absent")}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def _round(x: object) -> object:
+    return round(x, 2) if isinstance(x, float) else x
+
+
+def build_json(results: Results, plan: Plan, peer: dict, accel: str, run: dict) -> dict:
+    s = results.series
+    out: dict = {}
+    for key, name in FROM_SERIES.items():
+        series = s.get(name, Series())
+        out[key] = _round(series.p50)
+        p90_key = key[:-4] + "_p90" if key.endswith("_p50") else key + "_p90"
+        out[p90_key] = _round(series.p90)
+    out["idle20_pss_mib"] = _round(results.values.get("idle20_pss_mib"))
+    big = s.get(f"snapshot{plan.big_memory_mb}_pause_ms", Series())
+    out["snapshot_pause_big_ms_p50"] = _round(big.p50)
+    out["snapshot_pause_big_ms_p90"] = _round(big.p90)
+    out["snapshot_pause_big_memory_mb"] = plan.big_memory_mb or None
+    peer_ok = "unavailable" not in peer
+    out["peer_restore_ms_p50"] = _round(peer.get("restore_ms_p50")) if peer_ok else None
+    out["peer_fork8_wall_ms"] = _round(peer.get("fork8_wall_ms")) if peer_ok else None
+    out["accel"] = accel
+    out["host"] = host_info()
+    cold, create = out["cold_boot_ms"], out["create_ms_p50"]
+    ratios = {
+        "create_speedup_vs_cold_boot": _ratio(cold, create),
+        "restore_speedup_vs_cold_boot": _ratio(cold, out["restore_ms_p50"]),
+        "fork1_speedup_vs_cold_boot": _ratio(cold, out["fork1_ms_p50"]),
+        "restore_speedup_vs_peer": _ratio(out["peer_restore_ms_p50"], out["restore_ms_p50"]),
+        "fork8_speedup_vs_peer": _ratio(out["peer_fork8_wall_ms"], out["fork8_wall_ms"]),
+        "snapshot_ready_speedup_vs_peer_checkpoint": _ratio(
+            peer.get("checkpoint_ms_p50") if peer_ok else None, out["snapshot_ready_ms_p50"]),
+    }
+    out["ratios"] = ratios
+    checks = {}
+    for key, (op, limit) in TARGETS.items():
+        value = ratios["create_speedup_vs_cold_boot"] if key == "create_speedup" else out.get(key)
+        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
+        if (key == "fork8_wall_ms" and plan.fork_small != 8) or (
+                key == "fork32_wall_ms" and plan.fork_big != 32):
+            met = None  # a smoke run forks fewer children: the target does not apply
+        checks[key] = {"target": f"{op} {limit}", "value": value, "met": met}
+    out["targets"] = checks
+    out["values"] = {k: _round(v) for k, v in results.values.items()}
+    out["series"] = {name: {"p50": _round(x.p50), "p90": _round(x.p90), "n": x.n,
+                            "values": [round(v, 2) for v in x.values]}
+                     for name, x in sorted(s.items())}
+    out["peer"] = peer
+    out["plan"] = asdict(plan)
+    out["run"] = run
+    out["notes"] = results.notes
+    out["errors"] = results.errors
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    series: str | None  # a series name, or None for a single value
+    unit: str
+    value_key: str | None = None  # for single values: key in Results.values / the JSON
+    target: str = ""  # key into the JSON "targets"
+    vs: str = ""  # how to show a ratio: "cold" (speedup vs cold boot) or a peer key
+    peer_key: str = ""
+
+
+ROWS = [
+    Row("cold boot (boot to agent ready)", "cold_boot_ms", "ms"),
+    Row("create from template", "create_ms", "ms", target="create_ms_p50", vs="cold"),
+    Row("  first command after create", "create_first_exec_ms", "ms"),
+    Row("exec `true` round trip", "exec_ms", "ms"),
+    Row("file write+read, streamed", "file_mb_s", "MB/s"),
+    Row("  write", "file_write_mb_s", "MB/s"),
+    Row("  read", "file_read_mb_s", "MB/s"),
+    Row("snapshot pause (guest clock vs host clock)", "snapshot_pause_ms", "ms",
+        target="snapshot_pause_ms_p50"),
+    Row("  host-seen pause (stop -> cont)", "snapshot_host_pause_ms", "ms"),
+    Row("  largest guest stall during capture", "snapshot_stall_ms", "ms"),
+    Row("    ... in the second before", "snapshot_baseline_stall_ms", "ms"),
+    Row("  largest heartbeat arrival gap", "snapshot_arrival_gap_ms", "ms"),
+    Row("    ... in the second before", "snapshot_heartbeat_noise_ms", "ms"),
+    Row("snapshot pause, {big} MiB sandbox", "snapshot{big}_pause_ms", "ms",
+        target="snapshot_pause_big_ms_p50"),
+    Row("  host-seen", "snapshot{big}_host_pause_ms", "ms"),
+    Row("  largest guest stall", "snapshot{big}_stall_ms", "ms"),
+    Row("  largest arrival gap", "snapshot{big}_arrival_gap_ms", "ms"),
+    Row("  snapshot call -> ready", "snapshot{big}_ready_ms", "ms"),
+    Row("snapshot call -> ready", "snapshot_ready_ms", "ms", vs="peer",
+        peer_key="checkpoint_ms_p50"),
+    Row("  capture (server side, includes the pause)", "snapshot_capture_ms", "ms"),
+    Row("snapshot stored (compressed)", "snapshot_stored_mib", "MiB"),
+    Row("  size uncompressed (apparent)", "snapshot_size_mib", "MiB"),
+    Row("restore -> first command done", "restore_ms", "ms", vs="cold+peer",
+        peer_key="restore_ms_p50"),
+    Row("fork(1) -> child's first command done", "fork1_ms", "ms", target="fork1_ms_p50",
+        vs="cold"),
+    Row("fork({small}) wall -> all first commands done", "fork8_wall_ms", "ms",
+        target="fork8_wall_ms", vs="peer", peer_key="fork8_wall_ms"),
+    Row("fork({big_fork}) wall -> all first commands done", "fork32_wall_ms", "ms",
+        target="fork32_wall_ms"),
+    Row("fork({small}) child private guest RAM", "fork8_private_mib", "MiB",
+        target="fork_private_mib"),
+    Row("fork({small}) child PSS (whole QEMU)", "fork8_pss_mib", "MiB", target="fork_pss_mib"),
+    Row("  of which guest RAM", "fork8_ram_pss_mib", "MiB"),
+    Row("  of which TCG code cache (rwx anon)", "fork8_jit_pss_mib", "MiB"),
+    Row("  PSS per child of fork({big_fork})", "fork32_pss_mib", "MiB"),
+    Row("{idle} idle sandboxes, total PSS", None, "MiB", value_key="idle20_pss_mib"),
+]
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
+
+
+def render(report: dict, console: Console) -> None:
+    plan = report["plan"]
+    fmt = {"big": plan["big_memory_mb"], "small": plan["fork_small"],
+           "big_fork": plan["fork_big"], "idle": plan["idle_count"]}
+    series, targets, peer = report["series"], report["targets"], report["peer"]
+    cold = report["cold_boot_ms"]
+    peer_ok = "unavailable" not in peer
+    host = report["host"]
+    table = Table(title=f"sandlot bench ({plan['mode']}, {report['accel']}, {host['cores']} cores, "
+                  f"{host['ram_gib']} GiB, {host['cpu_model']})", title_justify="left")
+    for col, just in (("figure", "left"), ("p50", "right"), ("p90", "right"), ("n", "right"),
+                      ("unit", "left"), ("target", "left"), ("vs baseline / peer", "left")):
+        table.add_column(col, justify=just, no_wrap=True)
+    for row in ROWS:
+        name = row.series.format(**fmt) if row.series else None
+        if name is not None:
+            data = series.get(name)
+            if data is None:
+                continue
+            p50, p90, n = data["p50"], data["p90"], data["n"]
+        else:
+            p50 = report.get(row.value_key) if row.value_key else None
+            p90, n = None, 1 if p50 is not None else 0
+        target = ""
+        if row.target and row.target in targets:
+            t = targets[row.target]
+            mark = {True: "[green]met[/]", False: "[red]missed[/]", None: ""}[t["met"]]
+            target = f"{t['target']}: {mark}"
+        vs = []
+        if "cold" in row.vs and p50 and cold:
+            vs.append(f"{cold / p50:.1f}x faster than cold boot")
+        if "peer" in row.vs and row.peer_key:
+            pv = peer.get(row.peer_key) if peer_ok else None
+            if pv and p50:
+                r = pv / p50
+                word = f"{r:.1f}x faster" if r >= 1 else f"{1 / r:.1f}x slower"
+                vs.append(f"{word} than gVisor ({_fmt(pv, 'ms')} ms)")
+            elif not peer_ok:
+                vs.append("gVisor: n/a")
+        if row.series == "create_ms" and "create_speedup" in targets:
+            t = targets["create_speedup"]
+            mark = {True: "[green]met[/]", False: "[red]missed[/]", None: ""}[t["met"]]
+            target += f"; speedup {t['target']}x: {mark}"
+        table.add_row(row.label.format(**fmt), _fmt(p50, row.unit), _fmt(p90, row.unit),
+                      str(n), row.unit, target, "; ".join(vs))
+    console.print(table)
+    if not peer_ok:
+        console.print(f"[yellow]peer (gVisor) not measured:[/] {peer['unavailable']}")
+    else:
+        def ms(key: str) -> str:
+            return f"{peer[key]:.0f} ms" if isinstance(peer.get(key), int | float) else "-"
+
+        console.print(
+            f"peer this run: gVisor runsc {peer.get('version', '?')} "
+            f"({peer.get('platform', '?')} platform): checkpoint {ms('checkpoint_ms_p50')}, "
+            f"restore {ms('restore_ms_p50')} (p90 {ms('restore_ms_p90')}), fork(8) "
+            f"{ms('fork8_wall_ms')}, container start {ms('start_ms_p50')}")
+    for step, err in report["errors"].items():
+        console.print(f"[red]step failed[/] {step}: {err}")

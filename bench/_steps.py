@@ -1,0 +1,361 @@
+"""The measurements, each driving the sandlot server through the public SDK.
+
+Every step adds samples to `Results`; a step that fails records why and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from _pause import measure_snapshot, start_holder
+from _plan import Plan
+from _procmem import file_allocated_mib, qemu_memory
+from _server import IMAGES_DIR, BenchServer
+from _stats import Series, ms_since
+from sandlot import Sandbox, Snapshot
+
+SANDBOX_TIMEOUT = 1800  # s; the bench kills what it makes, this is the safety net
+
+
+@dataclass
+class Results:
+    series: dict[str, Series] = field(default_factory=dict)
+    values: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def s(self, name: str) -> Series:
+        return self.series.setdefault(name, Series())
+
+
+@dataclass
+class Ctx:
+    server: BenchServer
+    plan: Plan
+    results: Results
+    console: Console
+
+    @property
+    def kw(self) -> dict[str, str]:
+        return self.server.client_kwargs()
+
+    @property
+    def hot_dir(self) -> Path:
+        return self.server.shm_root / "hot"
+
+    def create(self, **kw) -> Sandbox:
+        return Sandbox.create(timeout=SANDBOX_TIMEOUT, **kw, **self.kw)
+
+    def log(self, msg: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
+
+
+def kill_all(sandboxes: list[Sandbox], close: bool = True) -> None:
+    """Kill sandboxes in parallel. Fork children share their parent's HTTP client (closing one
+    closes it for all): pass ``close=False`` for them."""
+
+    def kill(sbx: Sandbox) -> None:
+        try:
+            sbx.kill()
+        finally:
+            if close:
+                sbx.close()
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(kill, sandboxes))
+
+
+# ---- cold boot ---------------------------------------------------------------------------------
+
+def base_build() -> tuple[Path, dict]:
+    info = json.loads((IMAGES_DIR / "templates" / "base.json").read_text())
+    return IMAGES_DIR / "builds" / info["hash"], info
+
+
+async def _cold_boot_once(ctx: Ctx, i: int) -> float:
+    from sandlot.core.templates import cold_boot
+    from sandlot.vmm.accel import detect_accel
+
+    build, info = base_build()
+    run_dir = ctx.server.run_root / f"cold{i}"
+    disk_dir = ctx.server.root / f"cold{i}"
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    machine, agent, boot_ms = await cold_boot(build, run_dir, info["memory_mb"], info["cpus"],
+                                              detect_accel(), disk_dir / "boot.qcow2")
+    try:
+        await agent.close()
+    finally:
+        await machine.kill()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(disk_dir, ignore_errors=True)
+    return boot_ms
+
+
+def step_cold_boot(ctx: Ctx) -> None:
+    for i in range(ctx.plan.cold_boots):
+        ms = asyncio.run(_cold_boot_once(ctx, i))
+        ctx.results.s("cold_boot_ms").add(ms)
+        ctx.log(f"cold boot {i + 1}/{ctx.plan.cold_boots}: {ms:.0f} ms")
+
+
+def template_ram_mib(ctx: Ctx) -> float | None:
+    """tmpfs space the base template's hot RAM file takes (shared by all its sandboxes)."""
+    _, info = base_build()
+    ram = ctx.hot_dir / f"tpl-{info['hash']}" / "ram"
+    return file_allocated_mib(ram) if ram.exists() else None
+
+
+# ---- create, exec, files -----------------------------------------------------------------------
+
+def step_create_exec_files(ctx: Ctx) -> None:
+    r = ctx.results
+    t0 = time.monotonic()
+    first = ctx.create(template="base")  # may hydrate the template's hot files
+    r.values["create_first_ms"] = ms_since(t0)
+    r.values["template_ram_file_mib_first"] = template_ram_mib(ctx)
+    made = [first]
+    try:
+        for _ in range(ctx.plan.creates):
+            t0 = time.monotonic()
+            sbx = ctx.create(template="base")
+            r.s("create_ms").add(ms_since(t0))
+            made.append(sbx)
+            t0 = time.monotonic()
+            sbx.commands.run("true", check=True)
+            r.s("create_first_exec_ms").add(ms_since(t0))
+            kill_all([made.pop()])
+        ctx.log(f"create: p50 {r.s('create_ms').p50:.0f} ms over {r.s('create_ms').n}")
+        for _ in range(3):
+            first.commands.run("true", check=True)
+        for _ in range(ctx.plan.execs):
+            t0 = time.monotonic()
+            first.commands.run("true", check=True)
+            r.s("exec_ms").add(ms_since(t0))
+        ctx.log(f"exec: p50 {r.s('exec_ms').p50:.1f} ms over {r.s('exec_ms').n}")
+        for i in range(ctx.plan.file_runs):
+            file_roundtrip(ctx, first, i)
+    finally:
+        kill_all(made)
+
+
+def _payload(total: int, seed: bytes, chunk: int = 1 << 20) -> Iterator[bytes]:
+    block = hashlib.shake_256(seed).digest(chunk)
+    sent = 0
+    i = 0
+    while sent < total:
+        n = min(chunk, total - sent)
+        piece = i.to_bytes(8, "little") + block[8:n] if n > 8 else block[:n]
+        yield piece
+        sent += n
+        i += 1
+
+
+def file_roundtrip(ctx: Ctx, sbx: Sandbox, i: int) -> None:
+    total = ctx.plan.file_mb * 1_000_000
+    path = f"/root/bench-{i}.bin"
+    want = hashlib.sha256()
+
+    def gen() -> Iterator[bytes]:
+        for piece in _payload(total, os.urandom(16)):
+            want.update(piece)
+            yield piece
+
+    t0 = time.monotonic()
+    entry = sbx.files.write(path, gen())
+    write_ms = ms_since(t0)
+    if entry.size != total:
+        raise RuntimeError(f"wrote {total} bytes, the guest has {entry.size}")
+    got = hashlib.sha256()
+    n = 0
+    t0 = time.monotonic()
+    with sbx.files.read(path, format="stream") as chunks:
+        for chunk in chunks:
+            got.update(chunk)
+            n += len(chunk)
+    read_ms = ms_since(t0)
+    sbx.files.remove(path)
+    if n != total or got.digest() != want.digest():
+        same = "matches" if got.digest() == want.digest() else "differs"
+        raise RuntimeError(f"read back {n} of {total} bytes; sha256 {same}")
+    r = ctx.results
+    r.s("file_mb_s").add(2 * total / 1e6 / ((write_ms + read_ms) / 1000))
+    r.s("file_write_mb_s").add(total / 1e6 / (write_ms / 1000))
+    r.s("file_read_mb_s").add(total / 1e6 / (read_ms / 1000))
+    ctx.log(f"files: {ctx.plan.file_mb} MB write {write_ms / 1000:.1f} s, read "
+            f"{read_ms / 1000:.1f} s, sha256 ok")
+
+
+# ---- snapshot pause, ready, restore ------------------------------------------------------------
+
+def _pause_runs(ctx: Ctx, sbx: Sandbox, runs: int, prefix: str, keep_last: bool = False,
+                ) -> Snapshot | None:
+    r = ctx.results
+    kept = None
+    for i in range(runs):
+        sample = measure_snapshot(sbx)
+        r.s(f"{prefix}pause_ms").add(sample.pause_ms)
+        r.s(f"{prefix}stall_ms").add(sample.stall_ms)
+        r.s(f"{prefix}stall_at_ms").add(sample.stall_at_ms)
+        r.s(f"{prefix}baseline_stall_ms").add(sample.baseline_stall_ms)
+        r.s(f"{prefix}arrival_gap_ms").add(sample.arrival_gap_ms)
+        r.s(f"{prefix}heartbeat_noise_ms").add(sample.baseline_gap_ms)
+        r.s(f"{prefix}heartbeat_hz").add(sample.rate_hz)
+        r.s(f"{prefix}host_pause_ms").add(sample.host_pause_ms)
+        r.s(f"{prefix}capture_ms").add(sample.capture_ms)
+        r.s(f"{prefix}ready_ms").add(sample.ready_ms)
+        r.s(f"{prefix}stored_mib").add(sample.stored_mib)
+        r.s(f"{prefix}size_mib").add(sample.size_mib)
+        ctx.log(f"{prefix}: pause {sample.pause_ms:.1f} ms (host-seen {sample.host_pause_ms} "
+                f"ms), largest stall {sample.stall_ms:.1f} ms "
+                f"(at +{sample.stall_at_ms:.0f} ms), largest arrival gap "
+                f"{sample.arrival_gap_ms:.1f} ms (noise floor {sample.baseline_gap_ms:.1f}), "
+                f"ready {sample.ready_ms:.0f} ms, stored {sample.stored_mib:.1f} MiB")
+        assert sample.snapshot is not None
+        if keep_last and i == runs - 1:
+            kept = sample.snapshot
+        else:
+            sample.snapshot.remove()
+    return kept
+
+
+def step_snapshot_restore(ctx: Ctx) -> None:
+    plan, r = ctx.plan, ctx.results
+    sbx = ctx.create(template="base")
+    try:
+        start_holder(sbx, plan.touched_mib)
+        r.values["snapshot_memory_mb"] = sbx.info.memory_mb
+        _pause_runs(ctx, sbx, plan.pause_runs, "snapshot_")
+        # A snapshot without the heartbeat running in it, to restore from.
+        t0 = time.monotonic()
+        snap = sbx.create_snapshot("bench-restore")
+        while snap.refresh().state not in ("ready", "failed"):
+            time.sleep(0.02)
+        if snap.state != "ready":
+            raise RuntimeError(f"snapshot failed: {snap.error}")
+        r.s("snapshot_ready_ms").add(ms_since(t0))
+        r.values["restore_snapshot_stored_mib"] = snap.info.stored_bytes / 2**20
+        ram = ctx.hot_dir / snap.snapshot_id / "ram"
+        if ram.exists():
+            r.values["snapshot_ram_file_mib"] = file_allocated_mib(ram)
+    finally:
+        kill_all([sbx])
+    for _ in range(plan.runs):
+        t0 = time.monotonic()
+        child = ctx.create(snapshot_id=snap.snapshot_id)
+        try:
+            child.commands.run("true", check=True)
+            r.s("restore_ms").add(ms_since(t0))
+        finally:
+            kill_all([child])
+    ctx.log(f"restore: p50 {r.s('restore_ms').p50:.0f} ms over {r.s('restore_ms').n}")
+    snap.remove()
+
+
+def step_big_pause(ctx: Ctx) -> None:
+    plan = ctx.plan
+    sbx = ctx.create(template="base", memory_mb=plan.big_memory_mb)
+    try:
+        start_holder(sbx, plan.touched_mib)
+        _pause_runs(ctx, sbx, plan.big_pause_runs, f"snapshot{plan.big_memory_mb}_")
+    finally:
+        kill_all([sbx])
+
+
+# ---- fork, memory ------------------------------------------------------------------------------
+
+def _first_commands(children: list[Sandbox]) -> None:
+    with ThreadPoolExecutor(max(1, len(children))) as ex:
+        for result in ex.map(lambda c: c.commands.run("true"), children):
+            if not result.ok:
+                raise RuntimeError(f"first command in a fork child exited {result.exit_code}")
+
+
+def _child_memory(ctx: Ctx, children: list[Sandbox], name: str) -> None:
+    r = ctx.results
+    for child in children:
+        mem = qemu_memory(child.info.pid, ctx.hot_dir)
+        r.s(f"{name}_private_mib").add(mem.ram_private_mib)
+        r.s(f"{name}_pss_mib").add(mem.pss_mib)
+        r.s(f"{name}_ram_pss_mib").add(mem.ram_pss_mib)
+        r.s(f"{name}_jit_pss_mib").add(mem.jit_pss_mib)
+
+
+def step_fork(ctx: Ctx) -> None:
+    plan, r = ctx.plan, ctx.results
+    parent = ctx.create(template="base")
+    try:
+        parent.commands.run("true", check=True)
+        for _ in range(plan.fork1_runs):
+            t0 = time.monotonic()
+            kids = parent.fork(1)
+            try:
+                r.s("fork1_call_ms").add(ms_since(t0))
+                _first_commands(kids)
+                r.s("fork1_ms").add(ms_since(t0))
+            finally:
+                kill_all(kids, close=False)
+        ctx.log(f"fork(1): p50 {r.s('fork1_ms').p50:.0f} ms over {r.s('fork1_ms').n}")
+        for count, runs, name in ((plan.fork_small, plan.fork_small_runs, "fork8"),
+                                  (plan.fork_big, plan.fork_big_runs, "fork32")):
+            for i in range(runs):
+                t0 = time.monotonic()
+                kids = parent.fork(count)
+                try:
+                    if kids.errors:
+                        raise RuntimeError(f"fork({count}): {len(kids.errors)} children "
+                                           f"failed: {kids.errors[0]}")
+                    r.s(f"{name}_call_ms").add(ms_since(t0))
+                    _first_commands(kids)
+                    r.s(f"{name}_wall_ms").add(ms_since(t0))
+                    if i == 0:  # memory of idle children, once per size
+                        time.sleep(plan.settle_s)
+                        _child_memory(ctx, kids, name)
+                finally:
+                    kill_all(kids, close=False)
+                ctx.log(f"fork({count}) {i + 1}/{runs}: {r.s(f'{name}_wall_ms').values[-1]:.0f}"
+                        f" ms wall")
+    finally:
+        kill_all([parent])
+
+
+def step_idle(ctx: Ctx) -> None:
+    plan, r = ctx.plan, ctx.results
+    made: list[Sandbox] = []
+    try:
+        for _ in range(plan.idle_count):
+            t0 = time.monotonic()
+            made.append(ctx.create(template="base"))
+            r.s("create_loaded_ms").add(ms_since(t0))
+        time.sleep(plan.settle_s)
+        mems = [qemu_memory(s.info.pid, ctx.hot_dir) for s in made]
+        r.values["idle20_pss_mib"] = sum(m.pss_mib for m in mems)
+        r.values["idle_pss_per_sandbox_mib"] = r.values["idle20_pss_mib"] / len(mems)
+        private = sum(m.ram_private_mib for m in mems)
+        r.values["idle_private_ram_per_sandbox_mib"] = private / len(mems)
+        r.values["idle_jit_per_sandbox_mib"] = sum(m.jit_pss_mib for m in mems) / len(mems)
+        r.values["template_ram_file_mib_end"] = template_ram_mib(ctx)
+        ctx.log(f"{plan.idle_count} idle sandboxes: {r.values['idle20_pss_mib']:.0f} MiB PSS")
+    finally:
+        kill_all(made)
+
+
+Step = Callable[[Ctx], None]
+STEPS: list[tuple[str, Step]] = [
+    ("cold boot", step_cold_boot),
+    ("create, exec, files", step_create_exec_files),
+    ("snapshot, restore", step_snapshot_restore),
+    ("snapshot of a bigger sandbox", step_big_pause),
+    ("fork", step_fork),
+    ("idle sandboxes", step_idle),
+]
