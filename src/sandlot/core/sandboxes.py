@@ -34,7 +34,7 @@ from sandlot.errors import (
     SandlotError,
     VmmError,
 )
-from sandlot.guest.client import AgentClient
+from sandlot.guest.client import AgentClient, configure_fields
 from sandlot.vmm import hotplug
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.disk import create_overlay
@@ -168,9 +168,10 @@ class SandboxManager:
                 await hotplug.apply(machine, rec.hotplug_mb, source.cpus, rec.cpus)
                 machine.spec.save()
                 await machine.execute("cont")
-            agent = await AgentClient.connect(str(spec.agent_socket), timeout=30)
-            await agent.configure(env=rec.env, generation=rec.generation, reseed=True,
-                                  online_cpus=rec.cpus != source.cpus)
+            agent = await AgentClient.connect(str(spec.agent_socket), timeout=30,
+                                              configure=configure_fields(
+                                                  env=rec.env, generation=rec.generation,
+                                                  online_cpus=rec.cpus != source.cpus))
         except BaseException as e:
             if machine is not None:
                 await machine.kill()

@@ -8,6 +8,7 @@ buffering their output, so a new session can ``attach`` to them).
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import ctypes
 import fcntl
 import glob
@@ -35,6 +36,11 @@ MAX_BUFFERED_OUTPUT = 8 << 20
 MAX_FINISHED = 256
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/run/sandlot"
+
+# Requests and output pumps run on long-lived threads: starting a thread per request costs a
+# lot under emulation, and threads that exist when a template is snapshotted are reused by
+# every sandbox restored from it.
+POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="agent")
 
 RNDADDENTROPY = 0x40085203
 RNDRESEEDCRNG = 0x5207
@@ -199,7 +205,7 @@ class Agent:
         if op in ("hello", "write", "ping"):
             self.run(fn, rid, header, payload)
         else:
-            threading.Thread(target=self.run, args=(fn, rid, header, payload), daemon=True).start()
+            POOL.submit(self.run, fn, rid, header, payload)
 
     def run(self, fn, rid: int, header: dict, payload: bytes) -> None:
         try:
@@ -253,7 +259,8 @@ class Agent:
             os.replace(RUN_DIR + "/generation.tmp", RUN_DIR + "/generation")
         if h.get("online_cpus"):
             online_cpus()
-        return {"time_ns": time.time_ns(), "cpus": os.cpu_count(), "mem_kb": mem_total_kb()}
+            return {"time_ns": time.time_ns(), "cpus": os.cpu_count(), "mem_kb": mem_total_kb()}
+        return {"time_ns": time.time_ns()}
 
     # ---- processes ------------------------------------------------------------------------
 
@@ -281,6 +288,10 @@ class Agent:
         if not os.path.isdir(cwd):
             raise AgentError("invalid", f"cwd {cwd}: not a directory")
         stdin_data = payload if h.get("stdin") else None
+        identity = {}
+        if pw.pw_uid != os.getuid():  # only then: without them Popen can use vfork (faster)
+            identity = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [
+                g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem]}
         popen = subprocess.Popen(
             ["/bin/bash", "-c", cmd],
             stdin=subprocess.PIPE,
@@ -288,11 +299,9 @@ class Agent:
             stderr=subprocess.PIPE,
             cwd=cwd,
             env=env,
-            user=pw.pw_uid,
-            group=pw.pw_gid,
-            extra_groups=[g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem],
             start_new_session=True,
             close_fds=True,
+            **identity,
         )
         proc = Proc(self, popen, cmd, user)
         with self.procs_lock:
@@ -301,33 +310,23 @@ class Agent:
         if h.get("stream", True):
             proc.subscribers.add(rid)
         self.chan.send({"id": rid, "ok": True, "pid": proc.pid, "event": "start"})
-        readers = [
-            threading.Thread(target=pump, args=(popen.stdout, proc, "stdout"), daemon=True),
-            threading.Thread(target=pump, args=(popen.stderr, proc, "stderr"), daemon=True),
-        ]
-        for t in readers:
-            t.start()
+        readers = [POOL.submit(pump, popen.stdout, proc, "stdout"),
+                   POOL.submit(pump, popen.stderr, proc, "stderr")]
         if stdin_data is not None:
-            threading.Thread(target=feed_stdin, args=(popen, stdin_data, True), daemon=True).start()
+            POOL.submit(feed_stdin, popen, stdin_data, True)
         elif not h.get("keep_stdin"):
             popen.stdin.close()
         timeout = h.get("timeout")
-        timer = None
-        if timeout:
-            timer = threading.Timer(float(timeout), self.expire, args=(proc,))
-            timer.daemon = True
-            timer.start()
-        code = popen.wait()
-        if timer:
-            timer.cancel()
-        for t in readers:
-            t.join(0.2)  # a backgrounded grandchild may hold the pipes open
+        try:
+            code = popen.wait(float(timeout) if timeout else None)
+        except subprocess.TimeoutExpired:
+            proc.timed_out = True
+            kill_group(proc.pid, signal.SIGKILL)
+            code = popen.wait()
+        # A backgrounded grandchild may hold the pipes open: don't wait for it.
+        concurrent.futures.wait(readers, timeout=0.2)
         proc.finish(code)
         return None
-
-    def expire(self, proc: Proc) -> None:
-        proc.timed_out = True
-        kill_group(proc.pid, signal.SIGKILL)
 
     def trim_finished(self) -> None:
         finished = [p for p in self.procs.values() if p.done]
@@ -355,9 +354,10 @@ class Agent:
     def op_kill(self, rid, h, _p):
         proc = self.get_proc(h)
         sig = int(h.get("signal") or signal.SIGKILL)
-        if not proc.done:
+        running = not proc.done  # read before signalling: it may exit at once
+        if running:
             kill_group(proc.pid, sig)
-        return {"killed": not proc.done}
+        return {"killed": running}
 
     def op_ps(self, rid, h, _p):
         with self.procs_lock:

@@ -7,9 +7,11 @@ bounded per-request queues, so a slow consumer back-pressures the guest instead 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -56,12 +58,18 @@ class AgentClient:
         self._task: asyncio.Task | None = None
         self._closed: BaseException | None = None
         self.hello: Hello | None = None
+        self.configured: dict | None = None
 
     # ---- connection -----------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, path: str, timeout: float = 30.0) -> AgentClient:
-        """Connect to the agent socket and complete the hello handshake within `timeout`."""
+    async def connect(cls, path: str, timeout: float = 30.0,
+                      configure: dict | None = None) -> AgentClient:
+        """Connect to the agent socket and complete the hello handshake within `timeout`.
+
+        `configure` (see `configure_fields`) is sent right behind the hello, saving a round
+        trip on the restore path; its answer is in `self.configured`.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last: BaseException | None = None
@@ -76,23 +84,29 @@ class AgentClient:
             client._task = asyncio.create_task(client._read_loop())
             try:
                 remaining = max(0.1, deadline - loop.time())
-                await client._handshake(remaining)
+                await client._handshake(remaining, configure)
                 return client
             except (TimeoutError, GuestError) as e:
                 last = e
                 await client.close()
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
-    async def _handshake(self, timeout: float) -> None:
+    async def _handshake(self, timeout: float, configure: dict | None = None) -> None:
         nonce = secrets.token_hex(8)
         # Re-send hello periodically: the guest drops input while it thinks no host is there.
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
+        cid = self._new_id()
+        cfut = asyncio.get_running_loop().create_future()
+        if configure is not None:
+            self._waiters[cid] = cfut
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while not fut.done():
             await self._send({"id": rid, "op": "hello", "nonce": nonce, "proto": PROTO_VERSION})
+            if configure is not None:
+                await self._send({"id": cid, "op": "configure", **configure})
             try:
                 await asyncio.wait_for(asyncio.shield(fut), min(0.25, max(0.01, end - loop.time())))
             except TimeoutError:
@@ -106,6 +120,16 @@ class AgentClient:
             raise GuestError(f"unexpected agent hello: {hello}")
         self.hello = Hello(proto=hello["proto"], caps=list(hello.get("caps", [])),
                            generation=str(header.get("generation", "0")))
+        if configure is not None:
+            try:
+                reply = await asyncio.wait_for(cfut, max(1.0, end - loop.time()))
+            except TimeoutError:
+                raise GuestError("guest agent did not answer configure") from None
+            finally:
+                self._waiters.pop(cid, None)
+            if "error" in reply:
+                raise agent_error(reply["error"])
+            self.configured = reply
 
     async def close(self) -> None:
         if self._task:
@@ -200,9 +224,15 @@ class AgentClient:
 
     async def stream(self, op: str, payload: bytes = b"",
                      **fields) -> AsyncIterator[tuple[dict, bytes]]:
-        """Send a request and yield its events until a terminal one (exit, ok or error)."""
+        """Send a request and yield its events until a terminal one (exit, ok or error).
+
+        A consumer that falls behind stops the connection's reader once its queue is full
+        (back-pressure reaches the guest). File reads (1 MiB chunks) get a short queue;
+        command output (at most 64 KiB an event) a long one, so one slow reader of output
+        does not stall the sandbox's other requests until it is 32 MiB behind.
+        """
         rid = self._new_id()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=64)
+        queue: asyncio.Queue = asyncio.Queue(maxsize=16 if op == "read" else 512)
         self._streams[rid] = queue
         try:
             await self._send({"id": rid, "op": op, **fields}, payload)
@@ -243,17 +273,20 @@ class AgentClient:
     async def configure(self, *, env: dict[str, str] | None = None, generation: str | None = None,
                         reseed: bool = True, online_cpus: bool = False) -> dict:
         """Sync the clock (always), and optionally reseed the RNG, set env and the generation."""
-        import time
+        return await self.request("configure", **configure_fields(
+            env=env, generation=generation, reseed=reseed, online_cpus=online_cpus))
 
-        fields: dict = {"time_ns": time.time_ns()}
-        if reseed:
-            import base64
 
-            fields["entropy"] = base64.b64encode(os.urandom(64)).decode()
-        if env is not None:
-            fields["env"] = env
-        if generation is not None:
-            fields["generation"] = generation
-        if online_cpus:
-            fields["online_cpus"] = True
-        return await self.request("configure", **fields)
+def configure_fields(*, env: dict[str, str] | None = None, generation: str | None = None,
+                     reseed: bool = True, online_cpus: bool = False) -> dict:
+    """The fields of a `configure` request; the clock is read when this is called."""
+    fields: dict = {"time_ns": time.time_ns()}
+    if reseed:
+        fields["entropy"] = base64.b64encode(os.urandom(64)).decode()
+    if env is not None:
+        fields["env"] = env
+    if generation is not None:
+        fields["generation"] = generation
+    if online_cpus:
+        fields["online_cpus"] = True
+    return fields
