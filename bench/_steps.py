@@ -309,24 +309,38 @@ def step_fork(ctx: Ctx) -> None:
         for count, runs, name in ((plan.fork_small, plan.fork_small_runs, "fork8"),
                                   (plan.fork_big, plan.fork_big_runs, "fork32")):
             for i in range(runs):
-                t0 = time.monotonic()
-                kids = parent.fork(count)
-                try:
-                    if kids.errors:
-                        raise RuntimeError(f"fork({count}): {len(kids.errors)} children "
-                                           f"failed: {kids.errors[0]}")
-                    r.s(f"{name}_call_ms").add(ms_since(t0))
-                    _first_commands(kids)
-                    r.s(f"{name}_wall_ms").add(ms_since(t0))
-                    if i == 0:  # memory of idle children, once per size
-                        time.sleep(plan.settle_s)
-                        _child_memory(ctx, kids, name)
-                finally:
-                    kill_all(kids, close=False)
+                _fork_wall(ctx, parent, count, name, measure_memory=i == 0)
                 ctx.log(f"fork({count}) {i + 1}/{runs}: {r.s(f'{name}_wall_ms').values[-1]:.0f}"
                         f" ms wall")
     finally:
         kill_all([parent])
+
+
+def _fork_wall(ctx: Ctx, parent: Sandbox, count: int, name: str, measure_memory: bool,
+               attempts: int = 3) -> None:
+    """One fork(count) until every child ran a first command. A fork where a child failed to
+    start is recorded in the notes and retried (its time would be of fewer children)."""
+    r = ctx.results
+    for attempt in range(attempts):
+        t0 = time.monotonic()
+        kids = parent.fork(count)
+        try:
+            if kids.errors:
+                msg = (f"fork({count}): {len(kids.errors)} of {count} children failed to start "
+                       f"(attempt {attempt + 1}): {str(kids.errors[0]).splitlines()[0]}")
+                r.notes.append(msg)
+                ctx.log(f"[yellow]{msg}[/]")
+                continue
+            r.s(f"{name}_call_ms").add(ms_since(t0))
+            _first_commands(kids)
+            r.s(f"{name}_wall_ms").add(ms_since(t0))
+            if measure_memory:  # memory of idle children
+                time.sleep(ctx.plan.settle_s)
+                _child_memory(ctx, kids, name)
+            return
+        finally:
+            kill_all(kids, close=False)
+    raise RuntimeError(f"fork({count}) failed {attempts} times; see the notes")
 
 
 def step_idle(ctx: Ctx) -> None:
