@@ -179,19 +179,21 @@ def _fmt(x: float | None, unit: str) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
 
-def render(report: dict, console: Console) -> None:
+COLUMNS = (("figure", "left"), ("p50", "right"), ("p90", "right"), ("n", "right"),
+           ("unit", "left"), ("target", "left"), ("vs baseline / peer", "left"))
+
+
+def table_rows(report: dict, markup: bool = True) -> list[list[str]]:
+    """The table's rows as text (`markup`: rich colour tags on met/missed)."""
     plan = report["plan"]
     fmt = {"big": plan["big_memory_mb"], "small": plan["fork_small"],
            "big_fork": plan["fork_big"], "idle": plan["idle_count"]}
     series, targets, peer = report["series"], report["targets"], report["peer"]
     cold = report["cold_boot_ms"]
     peer_ok = "unavailable" not in peer
-    host = report["host"]
-    table = Table(title=f"sandlot bench ({plan['mode']}, {report['accel']}, {host['cores']} cores, "
-                  f"{host['ram_gib']} GiB, {host['cpu_model']})", title_justify="left")
-    for col, just in (("figure", "left"), ("p50", "right"), ("p90", "right"), ("n", "right"),
-                      ("unit", "left"), ("target", "left"), ("vs baseline / peer", "left")):
-        table.add_column(col, justify=just, no_wrap=True)
+    marks = ({True: "[green]met[/]", False: "[red]missed[/]", None: ""} if markup else
+             {True: "met", False: "**missed**", None: ""})
+    rows = []
     for row in ROWS:
         name = row.series.format(**fmt) if row.series else None
         if name is not None:
@@ -205,8 +207,7 @@ def render(report: dict, console: Console) -> None:
         target = ""
         if row.target and row.target in targets:
             t = targets[row.target]
-            mark = {True: "[green]met[/]", False: "[red]missed[/]", None: ""}[t["met"]]
-            target = f"{t['target']}: {mark}"
+            target = f"{t['target']}: {marks[t['met']]}"
         vs = []
         if "cold" in row.vs and p50 and cold:
             vs.append(f"{cold / p50:.1f}x faster than cold boot")
@@ -220,21 +221,47 @@ def render(report: dict, console: Console) -> None:
                 vs.append("gVisor: n/a")
         if row.series == "create_ms" and "create_speedup" in targets:
             t = targets["create_speedup"]
-            mark = {True: "[green]met[/]", False: "[red]missed[/]", None: ""}[t["met"]]
-            target += f"; speedup {t['target']}x: {mark}"
-        table.add_row(row.label.format(**fmt), _fmt(p50, row.unit), _fmt(p90, row.unit),
-                      str(n), row.unit, target, "; ".join(vs))
-    console.print(table)
-    if not peer_ok:
-        console.print(f"[yellow]peer (gVisor) not measured:[/] {peer['unavailable']}")
-    else:
-        def ms(key: str) -> str:
-            return f"{peer[key]:.0f} ms" if isinstance(peer.get(key), int | float) else "-"
+            target += f"; speedup {t['target']}x: {marks[t['met']]}"
+        rows.append([row.label.format(**fmt), _fmt(p50, row.unit), _fmt(p90, row.unit), str(n),
+                     row.unit, target, "; ".join(vs)])
+    return rows
 
-        console.print(
-            f"peer this run: gVisor runsc {peer.get('version', '?')} "
+
+def peer_line(report: dict) -> str:
+    peer = report["peer"]
+    if "unavailable" in peer:
+        return f"peer (gVisor) not measured: {peer['unavailable']}"
+
+    def ms(key: str) -> str:
+        return f"{peer[key]:.0f} ms" if isinstance(peer.get(key), int | float) else "-"
+
+    return (f"peer this run: gVisor runsc {peer.get('version', '?')} "
             f"({peer.get('platform', '?')} platform): checkpoint {ms('checkpoint_ms_p50')}, "
             f"restore {ms('restore_ms_p50')} (p90 {ms('restore_ms_p90')}), fork(8) "
             f"{ms('fork8_wall_ms')}, container start {ms('start_ms_p50')}")
+
+
+def render(report: dict, console: Console) -> None:
+    plan, host = report["plan"], report["host"]
+    table = Table(title=f"sandlot bench ({plan['mode']}, {report['accel']}, {host['cores']} cores, "
+                  f"{host['ram_gib']} GiB, {host['cpu_model']})", title_justify="left")
+    for col, just in COLUMNS:
+        table.add_column(col, justify=just, no_wrap=True)
+    for row in table_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    console.print(peer_line(report), markup=False)
     for step, err in report["errors"].items():
         console.print(f"[red]step failed[/] {step}: {err}")
+    for note in report["notes"]:
+        console.print(f"note: {note}", markup=False)
+
+
+def markdown(report: dict) -> str:
+    """The table as GitHub markdown (for docs/benchmarks.md)."""
+    lines = ["| " + " | ".join(c for c, _ in COLUMNS) + " |",
+             "|" + "|".join("---:" if j == "right" else "---" for _, j in COLUMNS) + "|"]
+    for row in table_rows(report, markup=False):
+        row[0] = row[0].replace("  ", "&nbsp;&nbsp;")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    return "\n".join(lines + ["", peer_line(report)]) + "\n"

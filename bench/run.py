@@ -27,7 +27,7 @@ from rich.console import Console  # noqa: E402
 
 from _peer import run_peer  # noqa: E402
 from _plan import make_plan  # noqa: E402
-from _report import REQUIRED, build_json, render  # noqa: E402
+from _report import REQUIRED, build_json, markdown, render  # noqa: E402
 from _server import IMAGES_DIR, BenchServer, qemu_pids  # noqa: E402
 from _steps import STEPS, Ctx, Results  # noqa: E402
 
@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path,
                    help="where the server keeps its data (default: a new dir in /var/tmp)")
     p.add_argument("--keep", action="store_true", help="keep the work dir afterwards")
+    p.add_argument("--render", type=Path, metavar="JSON",
+                   help="measure nothing: print the table of a saved JSON report")
+    p.add_argument("--markdown", action="store_true", help="with --render: as markdown")
     return p.parse_args(argv)
 
 
@@ -79,6 +82,13 @@ def other_qemus(mine: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text())
+        if args.markdown:
+            print(markdown(report), end="")
+        else:
+            render(report, Console() if sys.stdout.isatty() else Console(width=190))
+        return 0
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     plan = make_plan(mode, args.runs)
     if args.no_peer:
