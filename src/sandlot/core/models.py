@@ -113,6 +113,7 @@ class SnapshotRecord(BaseModel):
     capture_ms: float | None = None
     internal: bool = False
     ram_mb: int = Field(0, exclude=True)  # main RAM; memory_mb - ram_mb is the pc-dimm
+    device_model: str = Field("", exclude=True)
     workdir: str | None = Field(None, exclude=True)
     base: str = Field("", exclude=True)  # template build hash: kernel, initrd, rootfs
 
@@ -157,6 +158,7 @@ class TemplateInfo(BaseModel):
     built_at: datetime | None = None
     kernel: str | None = None
     boot_ms: float | None = None
+    device_model: str = ""
 
 
 def to_doc(record: BaseModel) -> dict:

@@ -123,6 +123,7 @@ class SandboxManager:
         return rec
 
     def _new_record(self, source: Source, req: CreateSandbox) -> SandboxRecord:
+        source.check_loadable()
         memory = req.memory_mb or (source.memory_mb + source.dimm_mb)
         cpus = req.cpus or source.cpus
         extra = hotplug.check_overrides(source.memory_mb, source.dimm_mb, source.cpus, memory,
@@ -165,13 +166,15 @@ class SandboxManager:
                     spec = spec.with_(netdev=net.qemu_netdev()[-1],
                                       exec_prefix=tuple(net.netns_exec_prefix()))
                 machine = await vmm_snapshot.restore(spec, hot["devstate"])
-                await hotplug.apply(machine, rec.hotplug_mb, source.cpus, rec.cpus)
+                await hotplug.apply(machine, rec.hotplug_mb)
+                machine.spec = machine.spec.with_(cpus=rec.cpus)
                 machine.spec.save()
                 await machine.execute("cont")
             agent = await AgentClient.connect(str(spec.agent_socket), timeout=30,
                                               configure=configure_fields(
                                                   env=rec.env, generation=rec.generation,
-                                                  online_cpus=rec.cpus != source.cpus))
+                                                  cpus=rec.cpus if rec.cpus != source.cpus
+                                                  else None))
         except BaseException as e:
             if machine is not None:
                 await machine.kill()

@@ -33,6 +33,7 @@ from sandlot.images.spec import NAME_RE
 from sandlot.storage.blobs import BlobStore
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.disk import flatten_onto, merge_below_top
+from sandlot.vmm.machine import DEVICE_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class SnapshotManager:
                       blob_key=rec.snapshot_id, memory_mb=rec.ram_mb or rec.memory_mb,
                       dimm_mb=rec.memory_mb - (rec.ram_mb or rec.memory_mb), cpus=rec.cpus,
                       env=dict(rec.env), template=rec.template, snapshot_id=rec.snapshot_id,
-                      workdir=rec.workdir)
+                      workdir=rec.workdir, device_model=rec.device_model)
 
     # ---- capture --------------------------------------------------------------------------
 
@@ -158,7 +159,7 @@ class SnapshotManager:
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
             internal=internal, workdir=sb.workdir, base=live.base,
-            ram_mb=live.machine.spec.memory_mb,
+            ram_mb=live.machine.spec.memory_mb, device_model=DEVICE_MODEL,
         )
         self._save(rec)
         return rec

@@ -12,7 +12,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.errors import InvalidStateError
 from sandlot.storage.blobs import BlobStore
+from sandlot.vmm.machine import DEVICE_MODEL
 
 HOT_FILES = ("ram", "devstate", "disk")
 _OK = ".ok"
@@ -33,6 +35,18 @@ class Source:
     template: str | None = None
     snapshot_id: str | None = None
     workdir: str | None = None
+    device_model: str = ""
+
+    def check_loadable(self) -> None:
+        """A snapshot only loads into the device model it was taken with."""
+        if self.device_model != DEVICE_MODEL:
+            what = f"template {self.template!r}" if not self.snapshot_id else \
+                f"snapshot {self.snapshot_id}"
+            fix = (f"rebuild it: `sandlot template build {self.template}`"
+                   if not self.snapshot_id else "it cannot be restored by this version")
+            raise InvalidStateError(
+                f"{what} was taken with VM device model {self.device_model or '?'}, this "
+                f"server runs model {DEVICE_MODEL}: {fix}")
 
     @property
     def kernel(self) -> Path:

@@ -11,6 +11,8 @@ Layout under the images dir::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import shutil
 import time
@@ -72,13 +74,9 @@ class TemplateStore:
         return Source(
             key=f"tpl-{info.hash}", build=build, store=BlobStore(build / "store"),
             blob_key="snapshot", memory_mb=info.memory_mb, cpus=info.cpus, env=dict(info.env),
-            template=info.name, workdir=info.workdir,
+            template=info.name, workdir=info.workdir, device_model=info.device_model,
         )
 
-    def source_for_build(self, build_hash: str, **kw) -> Source:
-        build = self.builds / build_hash
-        return Source(key=f"tpl-{build_hash}", build=build, store=BlobStore(build / "store"),
-                      blob_key="snapshot", **kw)
 
 
 def resolve_spec(spec_or_name: str) -> TemplateSpec:
@@ -128,7 +126,7 @@ async def snapshot_build(settings: Settings, build: Path, spec: TemplateSpec) ->
     machine, agent, boot_ms = await cold_boot(build, run_dir, spec.memory_mb, spec.cpus,
                                               settings.accel, work / "boot.qcow2")
     try:
-        await agent.configure(env=dict(spec.env), generation="template")
+        await agent.configure(env=dict(spec.env), generation="template", cpus=spec.cpus)
         # Let boot-time work settle so the snapshot is of an idle guest.
         # Freed pages are zeroed (init_on_free=1), so dropping caches leaves them out of the
         # snapshot: less RAM to store, map and migrate for everything derived from it.
@@ -169,7 +167,7 @@ async def warm_up(agent: AgentClient) -> None:
     for op in ("stat", "exists", "remove"):
         await agent.request(op, path="/tmp/.warm")
     await agent.request("list", path="/tmp")
-    await agent.configure(reseed=False)
+    await agent.request("configure", freeze=True)
 
 
 async def _one_chunk(data: bytes):
@@ -183,8 +181,10 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
     settings.ensure()
     spec = resolve_spec(spec_or_name)
     store = TemplateStore(settings)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  disable=quiet, transient=False) as progress:
+    store.root.mkdir(parents=True, exist_ok=True)
+    with build_lock(store.root / ".build.lock"), \
+            Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                     disable=quiet, transient=False) as progress:
         step = progress.add_task(f"template {spec.name}: kernel", total=None)
         kernel = ensure_kernel(store.root / "kernel")
         digest = _content_hash(spec) + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
@@ -211,16 +211,28 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
                 raise
             info = TemplateInfo(name=spec.name, hash=digest, memory_mb=spec.memory_mb,
                                 cpus=spec.cpus, env=spec.env, workdir=spec.workdir,
-                                built_at=now(), kernel=kernel.version, boot_ms=boot_ms)
+                                built_at=now(), kernel=kernel.version, boot_ms=boot_ms,
+                                device_model=DEVICE_MODEL)
             (build / "spec.json").write_text(spec.model_dump_json(indent=2))
             done.write_text(info.model_dump_json(indent=2))
             progress.update(step, description=f"template {spec.name}: built ({digest}, "
                             f"boot {boot_ms / 1000:.1f}s)")
-    store.index.mkdir(parents=True, exist_ok=True)
-    tmp = store.index / f"{spec.name}.json.tmp"
-    tmp.write_text(info.model_dump_json(indent=2))
-    tmp.replace(store.index / f"{spec.name}.json")
+        store.index.mkdir(parents=True, exist_ok=True)
+        tmp = store.index / f"{spec.name}.json.tmp"
+        tmp.write_text(info.model_dump_json(indent=2))
+        tmp.replace(store.index / f"{spec.name}.json")
     return info
+
+
+@contextlib.contextmanager
+def build_lock(path: Path):
+    """One template build at a time per images dir, across processes."""
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def list_templates(data_dir: Path | None = None) -> list[TemplateInfo]:

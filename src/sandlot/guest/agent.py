@@ -11,6 +11,7 @@ import base64
 import concurrent.futures
 import ctypes
 import fcntl
+import gc
 import glob
 import grp
 import os
@@ -257,8 +258,13 @@ class Agent:
             with open(RUN_DIR + "/generation.tmp", "w") as f:
                 f.write(self.generation + "\n")
             os.replace(RUN_DIR + "/generation.tmp", RUN_DIR + "/generation")
-        if h.get("online_cpus"):
-            online_cpus()
+        if h.get("freeze"):
+            # Copy-on-write hygiene for restores: the cyclic GC writes to every object it
+            # tracks, which would copy most of the agent's heap into each restored sandbox.
+            gc.collect()
+            gc.freeze()
+        if h.get("cpus"):
+            set_online_cpus(int(h["cpus"]))
             return {"time_ns": time.time_ns(), "cpus": os.cpu_count(), "mem_kb": mem_total_kb()}
         return {"time_ns": time.time_ns()}
 
@@ -577,14 +583,17 @@ def reseed(entropy: bytes) -> None:
         os.close(fd)
 
 
-def online_cpus() -> None:
+def set_online_cpus(count: int) -> None:
+    """Online CPUs 0..count-1 and offline the rest (cpu0 is always online)."""
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/online"):
+        index = int(path.split("/")[-2][3:])
+        want = "1" if index < count else "0"
         try:
             with open(path) as f:
-                if f.read().strip() == "1":
+                if f.read().strip() == want:
                     continue
             with open(path, "w") as f:
-                f.write("1")
+                f.write(want)
         except OSError:
             pass
 

@@ -271,14 +271,14 @@ class AgentClient:
         return header
 
     async def configure(self, *, env: dict[str, str] | None = None, generation: str | None = None,
-                        reseed: bool = True, online_cpus: bool = False) -> dict:
-        """Sync the clock (always), and optionally reseed the RNG, set env and the generation."""
+                        reseed: bool = True, cpus: int | None = None) -> dict:
+        """Sync the clock (always); optionally reseed the RNG, set env, generation, CPUs."""
         return await self.request("configure", **configure_fields(
-            env=env, generation=generation, reseed=reseed, online_cpus=online_cpus))
+            env=env, generation=generation, reseed=reseed, cpus=cpus))
 
 
 def configure_fields(*, env: dict[str, str] | None = None, generation: str | None = None,
-                     reseed: bool = True, online_cpus: bool = False) -> dict:
+                     reseed: bool = True, cpus: int | None = None) -> dict:
     """The fields of a `configure` request; the clock is read when this is called."""
     fields: dict = {"time_ns": time.time_ns()}
     if reseed:
@@ -287,6 +287,6 @@ def configure_fields(*, env: dict[str, str] | None = None, generation: str | Non
         fields["env"] = env
     if generation is not None:
         fields["generation"] = generation
-    if online_cpus:
-        fields["online_cpus"] = True
+    if cpus:
+        fields["cpus"] = cpus
     return fields

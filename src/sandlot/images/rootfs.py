@@ -4,11 +4,13 @@ chroot, install sandlot's guest init and agent, and pack it as an ext4 image (no
 from __future__ import annotations
 
 import glob
+import logging
 import shlex
 import shutil
 import tempfile
 from pathlib import Path
 
+from sandlot.errors import BuildError
 from sandlot.images._run import run
 from sandlot.images.kernel import Kernel
 from sandlot.images.spec import BASE_PACKAGES, TemplateSpec
@@ -21,6 +23,7 @@ GUEST_FILES = {
 }
 
 
+log = logging.getLogger(__name__)
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 # Build steps run with this environment only, not the host's (whose PIP_*/SSL_* variables
 # point at host paths): builds do not depend on who runs them.
@@ -86,11 +89,16 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
                        'touch "$1/etc/resolv.conf"'))
     with tempfile.TemporaryDirectory(dir=out_image.parent) as tmp:
         root = Path(tmp) / "root"
-        run([
-            "mmdebstrap", "--variant=minbase", "--mode=root", "--quiet",
-            f"--include={','.join(packages)}", *hooks,
-            "bookworm", str(root), *host_apt_sources(),
-        ])
+        cmd = ["mmdebstrap", "--variant=minbase", "--mode=root", "--quiet",
+               f"--include={','.join(packages)}", *hooks, "bookworm", str(root),
+               *host_apt_sources()]
+        try:
+            run(cmd)
+        except BuildError as first:
+            # A package mirror hiccup is the usual cause: one more try before giving up.
+            log.warning("mmdebstrap failed, retrying once: %s", first.message[-300:])
+            shutil.rmtree(root, ignore_errors=True)
+            run(cmd)
         tmp_img = Path(tmp) / "rootfs.ext4"
         run(["mkfs.ext4", "-q", "-F", "-L", "sandlot", "-E", "root_owner=0:0",
              "-d", str(root), str(tmp_img), f"{spec.disk_mb}M"])

@@ -44,7 +44,7 @@ async def list_snapshots(request: Request, sandbox_id: str | None = None) -> Sna
 
 @router.get("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def get_snapshot(id_or_name: str, request: Request) -> SnapshotRecord:
-    return core(request).snapshots.get(id_or_name)
+    return core(request).snapshots.get(id_or_name, include_deleted=True)
 
 
 @router.patch("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)

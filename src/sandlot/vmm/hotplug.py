@@ -1,7 +1,9 @@
-"""Memory and CPU changes on restore: one pc-dimm for extra memory, CPU hotplug for more CPUs.
+"""Memory and CPU changes on restore.
 
-Checked before anything starts; applied while the restored VM is still paused. The guest onlines
-hotplugged memory by itself (``memhp_default_state=online``) and CPUs when the agent is told to.
+Memory: one pc-dimm, hotplugged while the restored VM is still paused; the guest onlines it by
+itself (``memhp_default_state=online``). CPUs: every VM has MAX_CPUS vCPUs and the guest agent
+onlines or offlines them, so CPUs can go up or down and no device changes. Both are checked
+before anything starts.
 """
 
 from __future__ import annotations
@@ -20,10 +22,6 @@ def check_overrides(base_mb: int, base_dimm_mb: int, base_cpus: int, memory_mb: 
         raise InvalidArgumentError(
             f"memory_mb={memory_mb} is below the snapshot's {have} MiB; memory can grow on "
             "restore but not shrink")
-    if cpus < base_cpus:
-        raise InvalidArgumentError(
-            f"cpus={cpus} is below the snapshot's {base_cpus}; CPUs can be added on restore, "
-            "not removed")
     if cpus > MAX_CPUS:
         raise InvalidArgumentError(f"cpus={cpus} is above the maximum of {MAX_CPUS}")
     if memory_mb > MAX_MEM_MB:
@@ -40,19 +38,11 @@ def check_overrides(base_mb: int, base_dimm_mb: int, base_cpus: int, memory_mb: 
     return extra
 
 
-async def apply(machine: Machine, extra_mb: int, base_cpus: int, cpus: int) -> None:
-    """Hotplug `extra_mb` of memory and CPUs up to `cpus` into a paused, restored machine."""
+async def apply(machine: Machine, extra_mb: int) -> None:
+    """Hotplug `extra_mb` of memory into a paused, restored machine."""
     if extra_mb:
         await machine.execute("object-add", {"qom-type": "memory-backend-ram", "id": "dimm0",
                                              "size": extra_mb << 20})
         await machine.execute("device_add", {"driver": "pc-dimm", "id": "pcdimm0",
                                              "memdev": "dimm0"})
         machine.spec = machine.spec.with_(dimm_mb=extra_mb, dimm_path=None)
-    if cpus > base_cpus:
-        slots = await machine.execute("query-hotpluggable-cpus")
-        free = sorted((s for s in slots if "qom-path" not in s),
-                      key=lambda s: s["props"].get("socket-id", 0))
-        for i, slot in enumerate(free[: cpus - base_cpus]):
-            await machine.execute("device_add", {"driver": slot["type"],
-                                                 "id": f"cpu{base_cpus + i}", **slot["props"]})
-        machine.spec = machine.spec.with_(cpus=cpus)

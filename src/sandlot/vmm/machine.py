@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 QEMU = "qemu-system-x86_64"
 # Bump when the device model changes: snapshots of one model do not load into another, so
 # template builds hash this in and get rebuilt.
-DEVICE_MODEL = "3"
+DEVICE_MODEL = "4"
 # No backend state in the migration stream (QEMU's user network has a 'slirp' section), so a
 # snapshot loads whatever backend its restore uses. Packets sent here go nowhere.
 NO_NETWORK = "hubport,id=net0,hubid=0"
@@ -40,7 +40,7 @@ MAX_MEM_MB = 16384
 MEM_SLOTS = 4
 KERNEL_CMDLINE = (
     "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1 memhp_default_state=online "
-    "tsc=reliable no_timer_check random.trust_bootloader=off init_on_free=1"
+    "tsc=reliable no_timer_check random.trust_bootloader=off init_on_free=1 maxcpus=1"
 )
 
 
@@ -53,7 +53,7 @@ class MachineSpec:
     initrd: Path
     disk: Path
     memory_mb: int = 512
-    cpus: int = 1
+    cpus: int = 1  # online in the guest; QEMU always has MAX_CPUS
     accel: str = "tcg"
     ram_path: Path | None = None  # None: anonymous RAM (cold boot)
     ram_share: bool = False
@@ -107,7 +107,9 @@ class MachineSpec:
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
             "-machine", "q35,memory-backend=mem,vmport=off,smbus=off,sata=off,usb=off",
             *accel_args(self.accel),
-            "-smp", f"{self.cpus},maxcpus={MAX_CPUS}",
+            # Every VM has MAX_CPUS vCPUs; the guest boots with one online (maxcpus=1) and the
+            # agent onlines `cpus` of them. No CPU hotplug: snapshots load anywhere.
+            "-smp", f"{MAX_CPUS},maxcpus={MAX_CPUS}",
             "-m", f"{mem},slots={MEM_SLOTS},maxmem={MAX_MEM_MB}M",
             "-object", backend,
             "-kernel", str(self.kernel), "-initrd", str(self.initrd),
