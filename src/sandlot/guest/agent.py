@@ -185,6 +185,7 @@ class Agent:
         self.env: dict[str, str] = {}
         self.generation = "0"
         self.uploads: dict[int, tuple] = {}
+        self.configure_lock = threading.Lock()
         self.handlers = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
         }
@@ -245,7 +246,14 @@ class Agent:
         return {"time_ns": time.time_ns()}
 
     def op_configure(self, rid, h, _p):
-        """Set the clock, reseed the RNG, update the env and CPUs: sent after boot and restore."""
+        """Set the clock, reseed the RNG, update the env and CPUs: sent after boot and restore.
+
+        The host may send it twice (it re-sends with an unanswered hello): one at a time.
+        """
+        with self.configure_lock:
+            return self._configure(h)
+
+    def _configure(self, h):
         if "time_ns" in h:
             time.clock_settime_ns(time.CLOCK_REALTIME, int(h["time_ns"]))
         if h.get("entropy"):
@@ -255,9 +263,10 @@ class Agent:
         if h.get("generation") is not None:
             self.generation = str(h["generation"])
             os.makedirs(RUN_DIR, exist_ok=True)
-            with open(RUN_DIR + "/generation.tmp", "w") as f:
+            tmp = f"{RUN_DIR}/generation.{threading.get_ident()}.tmp"
+            with open(tmp, "w") as f:
                 f.write(self.generation + "\n")
-            os.replace(RUN_DIR + "/generation.tmp", RUN_DIR + "/generation")
+            os.replace(tmp, RUN_DIR + "/generation")
         if h.get("freeze"):
             # Copy-on-write hygiene for restores: the cyclic GC writes to every object it
             # tracks, which would copy most of the agent's heap into each restored sandbox.

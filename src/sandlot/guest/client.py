@@ -103,15 +103,18 @@ class AgentClient:
             self._waiters[cid] = cfut
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
+        interval = 0.25  # grows: a busy guest answers late, an absent one not at all
         while not fut.done():
             await self._send({"id": rid, "op": "hello", "nonce": nonce, "proto": PROTO_VERSION})
             if configure is not None:
                 await self._send({"id": cid, "op": "configure", **configure})
             try:
-                await asyncio.wait_for(asyncio.shield(fut), min(0.25, max(0.01, end - loop.time())))
+                await asyncio.wait_for(asyncio.shield(fut),
+                                       min(interval, max(0.01, end - loop.time())))
             except TimeoutError:
                 if loop.time() >= end:
                     raise
+                interval = min(2.0, interval * 2)
         header = fut.result()
         if "error" in header:
             raise agent_error(header["error"])
