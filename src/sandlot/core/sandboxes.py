@@ -148,21 +148,30 @@ class SandboxManager:
         disk_dir = self.settings.disks_dir / rec.sandbox_id
         machine = None
         net = None
+        connecting: asyncio.Task | None = None
         try:
             async with self._restore_slots:
                 hot = await self.hot.ensure(source)
                 run_dir.mkdir(parents=True, exist_ok=True)
                 disk_dir.mkdir(parents=True, exist_ok=True)
                 disk = disk_dir / f"disk-{rec.disk_index}.qcow2"
-                await create_overlay(disk, hot["disk"], "qcow2", source.rootfs.stat().st_size)
+                overlay = create_overlay(disk, hot["disk"], "qcow2", source.rootfs.stat().st_size)
+                if self.network is not None:
+                    results = await asyncio.gather(overlay, self.network.attach(rec),
+                                                   return_exceptions=True)
+                    net = results[1] if not isinstance(results[1], BaseException) else None
+                    for result in results:
+                        if isinstance(result, BaseException):
+                            raise result
+                else:
+                    await overlay
                 spec = MachineSpec(
                     run_dir=run_dir, kernel=source.kernel, initrd=source.initrd, disk=disk,
                     memory_mb=source.memory_mb, cpus=source.cpus, accel=self.settings.accel,
                     ram_path=hot["ram"], ram_share=False,
                     dimm_mb=source.dimm_mb, dimm_path=hot.get("dimm"),
                 )
-                if self.network is not None:
-                    net = await self.network.attach(rec)
+                if net is not None:
                     spec = spec.with_(netdev=net.qemu_netdev()[-1],
                                       exec_prefix=tuple(net.netns_exec_prefix()))
                 machine = await vmm_snapshot.restore(spec, hot["devstate"])
@@ -170,12 +179,14 @@ class SandboxManager:
                 machine.spec = machine.spec.with_(cpus=rec.cpus)
                 machine.spec.save()
                 await machine.execute("cont")
-            agent = await AgentClient.connect(str(spec.agent_socket), timeout=30,
-                                              configure=configure_fields(
-                                                  env=rec.env, generation=rec.generation,
-                                                  cpus=rec.cpus if rec.cpus != source.cpus
-                                                  else None))
+                connecting = asyncio.create_task(AgentClient.connect(
+                    str(spec.agent_socket), timeout=30, configure=configure_fields(
+                        env=rec.env, generation=rec.generation,
+                        cpus=rec.cpus if rec.cpus != source.cpus else None)))
+            agent = await connecting
         except BaseException as e:
+            if connecting is not None and not connecting.done():
+                connecting.cancel()
             if machine is not None:
                 await machine.kill()
             if net is not None:

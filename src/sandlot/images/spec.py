@@ -34,7 +34,7 @@ class TemplateSpec(BaseModel):
     workdir: str | None = None
     run: list[str] = Field(default_factory=list)
     memory_mb: int = Field(512, ge=128, le=16384)
-    cpus: int = Field(1, ge=1, le=8)
+    cpus: int = Field(1, ge=1, le=4)
     disk_mb: int = Field(2048, ge=512, le=65536)
 
     @field_validator("name")

@@ -29,7 +29,7 @@ class RestoreBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
     memory_mb: int | None = Field(None, ge=128, le=16384)
-    cpus: int | None = Field(None, ge=1, le=8)
+    cpus: int | None = Field(None, ge=1, le=4)
     env: dict[str, str] | None = None
     timeout: int | None = Field(None, ge=0, le=24 * 3600)
     metadata: dict[str, str] | None = None

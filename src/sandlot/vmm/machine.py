@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -24,9 +25,6 @@ from sandlot.vmm.accel import accel_args
 log = logging.getLogger(__name__)
 
 QEMU = "qemu-system-x86_64"
-# Bump when the device model changes: snapshots of one model do not load into another, so
-# template builds hash this in and get rebuilt.
-DEVICE_MODEL = "4"
 # No backend state in the migration stream (QEMU's user network has a 'slirp' section), so a
 # snapshot loads whatever backend its restore uses. Packets sent here go nowhere.
 NO_NETWORK = "hubport,id=net0,hubid=0"
@@ -35,7 +33,7 @@ NO_NETWORK = "hubport,id=net0,hubid=0"
 NIC_FEATURES = ",".join(f"{f}=off" for f in (
     "csum", "guest_csum", "gso", "host_tso4", "host_tso6", "host_ecn", "host_ufo",
     "guest_tso4", "guest_tso6", "guest_ecn", "guest_ufo", "guest_announce"))
-MAX_CPUS = 8
+MAX_CPUS = 4
 MAX_MEM_MB = 16384
 MEM_SLOTS = 4
 KERNEL_CMDLINE = (
@@ -326,3 +324,18 @@ class Machine:
         deadline = loop.time() + timeout
         while not self.exited and loop.time() < deadline:
             await asyncio.sleep(0.01)
+
+
+def _device_model() -> str:
+    """A fingerprint of the device model: snapshots of one model do not load into another.
+
+    Computed from the command line itself (paths left out), so any change to the devices
+    changes it; template builds hash it in and get rebuilt, and restores check it.
+    """
+    spec = MachineSpec(run_dir=Path("/r"), kernel=Path("/k"), initrd=Path("/i"),
+                       disk=Path("/d"), ram_path=Path("/m"))
+    model = " ".join(spec.command()) + KERNEL_CMDLINE
+    return hashlib.sha256(model.encode()).hexdigest()[:12]
+
+
+DEVICE_MODEL = _device_model()
