@@ -27,6 +27,7 @@ class LiveSandbox:
     disk_dir: Path
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     network: object | None = None  # vmm.network.SandboxNetwork when networking is on
+    pending_merge: Path | None = None  # a frozen disk layer still in the chain
 
     @property
     def sandbox_id(self) -> str:

@@ -184,6 +184,7 @@ class SandboxManager:
                         env=rec.env, generation=rec.generation,
                         cpus=rec.cpus if rec.cpus != source.cpus else None)))
             agent = await connecting
+            await agent.sync_clock()
         except BaseException as e:
             if connecting is not None and not connecting.done():
                 connecting.cancel()

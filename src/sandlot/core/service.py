@@ -115,15 +115,19 @@ class Core:
             spec = MachineSpec.from_json(spec_file.read_text())
             machine = await Machine.adopt(spec, rec.pid)
             agent = await AgentClient.connect(str(spec.agent_socket), timeout=10)
-            await agent.configure(reseed=False)
+            await agent.sync_clock()
         except (SandlotError, OSError, ValueError) as e:
             log.warning("cannot re-adopt %s: %s", rec.sandbox_id, e)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rec.pid, signal.SIGKILL)
             return None
         machine.spec.save()
-        return LiveSandbox(record=rec, machine=machine, agent=agent, run_dir=run_dir,
+        live = LiveSandbox(record=rec, machine=machine, agent=agent, run_dir=run_dir,
                            disk_dir=self.settings.disks_dir / rec.sandbox_id)
+        source_disk = str(self.hot.paths(rec.source_key)["disk"])
+        if machine.backing_file and machine.backing_file != source_disk:
+            live.pending_merge = Path(machine.backing_file)  # a snapshot's merge never ran
+        return live
 
 
 def _cmdline(pid: int) -> str:

@@ -28,11 +28,12 @@ from sandlot.errors import (
     NotFoundError,
     SandlotError,
     StorageError,
+    VmmError,
 )
 from sandlot.images.spec import NAME_RE
 from sandlot.storage.blobs import BlobStore
 from sandlot.vmm import snapshot as vmm_snapshot
-from sandlot.vmm.disk import flatten_onto, merge_below_top
+from sandlot.vmm.disk import flatten_pair, merge_below_top
 from sandlot.vmm.machine import DEVICE_MODEL
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,10 @@ class SnapshotManager:
         key = rec.snapshot_id
         try:
             async with live.lock:
+                await self._merge_pending(live)
+                if live.pending_merge is not None:
+                    raise VmmError(f"sandbox {live.sandbox_id}: its disk chain could not be "
+                                   "compacted before the snapshot")
                 sb = live.record
                 sb.disk_index += 1
                 new_overlay = live.disk_dir / f"disk-{sb.disk_index}.qcow2"
@@ -178,13 +183,14 @@ class SnapshotManager:
                 self.on_sandbox_changed(live)
             # The guest's clock stood still during the pause: bring it back to the host's.
             try:
-                await (await live.session()).configure(reseed=False)
+                await (await live.session()).sync_clock()
             except SandlotError as e:
                 log.warning("clock resync after snapshot of %s failed: %s", sb.sandbox_id, e)
-            await flatten_onto(result.disk, self.hot.paths(key)["disk"],
-                               self.templates.builds / rec.base / "rootfs.ext4", "raw")
+            await flatten_pair(result.disk, self.hot.paths(live.record.source_key)["disk"],
+                               self.hot.paths(key)["disk"])
             self.hot.mark_ready(key)
-            self._spawn(self._compact(live, result.disk))
+            live.pending_merge = result.disk
+            self._spawn(self._compact(live))
             # The migration read every page of the sandbox's RAM, and reading a hole of the
             # tmpfs file it was restored from allocates it: give those zero pages back too.
             source_ram = self.hot.paths(live.record.source_key)["ram"]
@@ -196,18 +202,25 @@ class SnapshotManager:
             raise
         return rec
 
-    async def _compact(self, live: LiveSandbox, frozen: Path) -> None:
-        """Keep the sandbox's disk chain at three layers (its overlay, its source's disk, the
-        template's root filesystem): merge the overlay a snapshot froze into the new one."""
+    async def _compact(self, live: LiveSandbox) -> None:
         async with live.lock:
-            if live.machine.exited:
-                return
-            try:
-                await merge_below_top(live.machine, self.hot.paths(live.record.source_key)["disk"])
-            except SandlotError as e:
-                log.warning("disk chain of %s not compacted: %s", live.sandbox_id, e)
-                return
-            frozen.unlink(missing_ok=True)
+            await self._merge_pending(live)
+
+    async def _merge_pending(self, live: LiveSandbox) -> None:
+        """Keep the sandbox's disk chain at three layers (its overlay, its source's disk, the
+        template's root filesystem): merge the overlay a snapshot froze into the new one.
+        Runs in the background after a capture, and before the next one (which needs the
+        frozen layer's backing to be the source disk). Call with `live.lock` held."""
+        frozen = live.pending_merge
+        if frozen is None or live.machine.exited:
+            return
+        try:
+            await merge_below_top(live.machine, self.hot.paths(live.record.source_key)["disk"])
+        except SandlotError as e:
+            log.warning("disk chain of %s not compacted: %s", live.sandbox_id, e)
+            return
+        live.pending_merge = None
+        frozen.unlink(missing_ok=True)
 
     async def _punch(self, files: list[Path | None]) -> None:
         for ram in files:

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode  # noqa: E402
 
 PORT_NAME = "org.sandlot.agent"
-CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus"]
+CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock"]
 # Why: output of a process nobody listens to (background, or host away) is kept for a later
 # attach, but never more than this per process; the oldest chunks are dropped first.
 MAX_BUFFERED_OUTPUT = 8 << 20
@@ -243,6 +243,12 @@ class Agent:
         }
 
     def op_ping(self, rid, h, _p):
+        return {"time_ns": time.time_ns()}
+
+    def op_step_clock(self, rid, h, _p):
+        """Move the wall clock by `delta_ns` (the host measured the offset around a ping)."""
+        with self.configure_lock:
+            time.clock_settime_ns(time.CLOCK_REALTIME, time.time_ns() + int(h["delta_ns"]))
         return {"time_ns": time.time_ns()}
 
     def op_configure(self, rid, h, _p):

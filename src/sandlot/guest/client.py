@@ -273,6 +273,23 @@ class AgentClient:
             raise agent_error(header["error"])
         return header
 
+    async def sync_clock(self, tolerance_ms: float = 5.0, rounds: int = 3) -> float:
+        """Bring the guest's wall clock to the host's, NTP-style: the offset is measured around
+        a ping (the guest's reading sits between the host's send and receive) and stepped
+        away. A `configure` sets the clock when the guest reads it, which after a restore may
+        be long after the host sent it. Returns the last measured offset in ms."""
+        offset_ms = 0.0
+        for _ in range(rounds):
+            sent = time.time_ns()
+            reply = await self.request("ping")
+            received = time.time_ns()
+            offset = (sent + received) // 2 - int(reply["time_ns"])
+            offset_ms = offset / 1e6
+            if abs(offset_ms) <= max(tolerance_ms, (received - sent) / 2e6):
+                return offset_ms
+            await self.request("step_clock", delta_ns=offset)
+        return offset_ms
+
     async def configure(self, *, env: dict[str, str] | None = None, generation: str | None = None,
                         reseed: bool = True, cpus: int | None = None) -> dict:
         """Sync the clock (always); optionally reseed the RNG, set env, generation, CPUs."""

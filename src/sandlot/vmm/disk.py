@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 from sandlot.errors import VmmError
@@ -28,14 +29,35 @@ async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int)
 
 
 async def flatten_onto(src: Path, dst: Path, base: Path, base_fmt: str) -> None:
-    """Write everything `src`'s chain holds above `base` into one new qcow2 backed by `base`.
+    """Copy `src`'s own layer (not its backing chain) into a new qcow2 backed by `base`.
 
-    This keeps each snapshot's disk at two layers (base + its own), however long its history.
+    `src`'s backing file must have the same content as `base` (qemu-img convert -B copies
+    only the top layer).
     """
     tmp = dst.with_suffix(".tmp")
     await _qemu_img("convert", "-U", "-q", "-O", "qcow2", "-B", str(base), "-F", base_fmt,
                     "-o", "cluster_size=65536", str(src), str(tmp))
     tmp.replace(dst)
+
+
+async def flatten_pair(top: Path, lower: Path, dst: Path) -> None:
+    """One qcow2 holding `lower`'s layer with `top`'s written over it, on `lower`'s backing.
+
+    `top` is a frozen overlay whose backing is `lower`; `lower` is a snapshot disk whose
+    backing is the root filesystem. The result keeps a snapshot's disk at two layers (root
+    filesystem + its own), however long its history. Neither input is changed.
+    """
+    tmp = dst.with_suffix(".tmp")
+    merged_top = dst.with_suffix(".top")
+    try:
+        await asyncio.to_thread(shutil.copyfile, lower, tmp)
+        await asyncio.to_thread(shutil.copyfile, top, merged_top)
+        await _qemu_img("rebase", "-u", "-b", str(tmp), "-F", "qcow2", str(merged_top))
+        await _qemu_img("commit", "-q", str(merged_top))
+        tmp.replace(dst)
+    finally:
+        merged_top.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 async def virtual_size(path: Path) -> int:

@@ -158,6 +158,7 @@ class Machine:
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
         self.top_node = "disk0"
+        self.backing_file: str | None = None  # known after adopt()
 
     @classmethod
     async def launch(cls, spec: MachineSpec, timeout: float = 30.0) -> Machine:
@@ -198,6 +199,7 @@ class Machine:
             if inserted.get("node-name"):
                 machine.top_node = inserted["node-name"]
                 machine.spec = machine.spec.with_(disk=Path(inserted["file"]))
+                machine.backing_file = inserted.get("backing_file")
         status = await machine.status()
         if status != "running":
             with contextlib.suppress(VmmError):
