@@ -122,12 +122,10 @@ class SnapshotRecord(BaseModel):
         return self.snapshot_id
 
 
-class CreateSandbox(BaseModel):
-    """What a caller may ask of a new sandbox (from a template or a snapshot)."""
+class SandboxOverrides(BaseModel):
+    """What a caller may set on a new sandbox; None takes the template's or snapshot's."""
 
     model_config = ConfigDict(extra="forbid")
-    template: str | None = None
-    snapshot_id: str | None = None
     memory_mb: int | None = Field(None, ge=128, le=16384)
     cpus: int | None = Field(None, ge=1, le=4)
     env: dict[str, str] | None = None
@@ -135,6 +133,13 @@ class CreateSandbox(BaseModel):
     metadata: dict[str, str] | None = None
     internet: bool = True
     network: NetworkSpec | None = None
+
+
+class CreateSandbox(SandboxOverrides):
+    """A new sandbox from a template or a snapshot."""
+
+    template: str | None = None
+    snapshot_id: str | None = None
 
 
 class ExecRequest(BaseModel):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from sandlot.core.models import (
     CreateSandbox,
-    NetworkSpec,
+    SandboxOverrides,
     SandboxRecord,
     SnapshotRecord,
     TemplateInfo,
@@ -25,16 +25,8 @@ class RenameBody(BaseModel):
     name: str | None
 
 
-class RestoreBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RestoreBody(SandboxOverrides):
     name: str | None = None
-    memory_mb: int | None = Field(None, ge=128, le=16384)
-    cpus: int | None = Field(None, ge=1, le=4)
-    env: dict[str, str] | None = None
-    timeout: int | None = Field(None, ge=0, le=24 * 3600)
-    metadata: dict[str, str] | None = None
-    internet: bool = True
-    network: NetworkSpec | None = None
 
 
 @router.get("/v1/snapshots", response_model=SnapshotList)
@@ -65,9 +57,8 @@ async def restore_snapshot(id_or_name: str, request: Request,
     metadata = dict(body.metadata or {})
     if body.name:
         metadata.setdefault("name", body.name)
-    req = CreateSandbox(snapshot_id=id_or_name, memory_mb=body.memory_mb, cpus=body.cpus,
-                        env=body.env, timeout=body.timeout, metadata=metadata,
-                        internet=body.internet, network=body.network)
+    req = CreateSandbox(snapshot_id=id_or_name,
+                        **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
     return await core(request).sandboxes.create(req)
 
 
