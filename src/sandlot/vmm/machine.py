@@ -92,14 +92,16 @@ class MachineSpec:
     def agent_socket(self) -> Path:
         return self.run_dir / "agent.sock"
 
+    def _backend(self, name: str, size_mb: int, path: Path | None) -> str:
+        """Anonymous RAM without a path; else the file, shared or copy-on-write."""
+        if path is None:
+            return f"memory-backend-ram,id={name},size={size_mb}M"
+        share = "on" if self.ram_share else "off"
+        return f"memory-backend-file,id={name},size={size_mb}M,mem-path={path},share={share}"
+
     def command(self) -> list[str]:
         mem = f"{self.memory_mb}M"
-        if self.ram_path is None:
-            backend = f"memory-backend-ram,id=mem,size={mem}"
-        else:
-            share = "on" if self.ram_share else "off"
-            backend = (f"memory-backend-file,id=mem,size={mem},mem-path={self.ram_path},"
-                       f"share={share}")
+        backend = self._backend("mem", self.memory_mb, self.ram_path)
         cmd = [
             *self.exec_prefix,
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
@@ -137,14 +139,8 @@ class MachineSpec:
     def dimm_args(self) -> list[str]:
         if not self.dimm_mb:
             return []
-        size = f"{self.dimm_mb}M"
-        if self.dimm_path is None:
-            backend = f"memory-backend-ram,id=dimm0,size={size}"
-        else:
-            share = "on" if self.ram_share else "off"
-            backend = (f"memory-backend-file,id=dimm0,size={size},mem-path={self.dimm_path},"
-                       f"share={share}")
-        return ["-object", backend, "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
+        return ["-object", self._backend("dimm0", self.dimm_mb, self.dimm_path),
+                "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
 
 
 class Machine:
