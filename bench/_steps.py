@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 
@@ -23,8 +24,9 @@ from _plan import Plan
 from _procmem import file_allocated_mib, qemu_memory
 from _server import IMAGES_DIR, BenchServer
 from _stats import Series, ms_since
-from sandlot import Sandbox, Snapshot
+from sandlot import Sandbox, SandlotError, Snapshot
 
+T = TypeVar("T")
 SANDBOX_TIMEOUT = 1800  # s; the bench kills what it makes, this is the safety net
 
 
@@ -55,10 +57,33 @@ class Ctx:
         return self.server.shm_root / "hot"
 
     def create(self, **kw) -> Sandbox:
-        return Sandbox.create(timeout=SANDBOX_TIMEOUT, **kw, **self.kw)
+        return self.timed_create(**kw)[0]
+
+    def timed_create(self, **kw) -> tuple[Sandbox, float]:
+        """A new sandbox, and how long `Sandbox.create` took (ms)."""
+        return retrying(self, "create", lambda: Sandbox.create(
+            timeout=SANDBOX_TIMEOUT, **kw, **self.kw))
 
     def log(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
+
+
+def retrying(ctx: Ctx, what: str, fn: Callable[[], T], attempts: int = 3) -> tuple[T, float]:
+    """`fn()` and the ms it took, retried when sandlot fails to start a sandbox. Each failure
+    goes in the notes (and on screen), so a flaky start is visible without losing the run's
+    other figures; the time is that of the attempt that succeeded."""
+    for attempt in range(1, attempts + 1):
+        t0 = time.monotonic()
+        try:
+            value = fn()
+            return value, ms_since(t0)
+        except SandlotError as e:
+            msg = f"{what} failed (attempt {attempt}): {str(e).splitlines()[0]}"
+            ctx.results.notes.append(msg)
+            ctx.log(f"[yellow]{msg}[/]")
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 def kill_all(sandboxes: list[Sandbox], close: bool = True) -> None:
@@ -120,16 +145,14 @@ def template_ram_mib(ctx: Ctx) -> float | None:
 
 def step_create_exec_files(ctx: Ctx) -> None:
     r = ctx.results
-    t0 = time.monotonic()
-    first = ctx.create(template="base")  # may hydrate the template's hot files
-    r.values["create_first_ms"] = ms_since(t0)
+    first, ms = ctx.timed_create(template="base")  # may hydrate the template's hot files
+    r.values["create_first_ms"] = ms
     r.values["template_ram_file_mib_first"] = template_ram_mib(ctx)
     made = [first]
     try:
         for _ in range(ctx.plan.creates):
-            t0 = time.monotonic()
-            sbx = ctx.create(template="base")
-            r.s("create_ms").add(ms_since(t0))
+            sbx, ms = ctx.timed_create(template="base")
+            r.s("create_ms").add(ms)
             made.append(sbx)
             t0 = time.monotonic()
             sbx.commands.run("true", check=True)
@@ -251,11 +274,11 @@ def step_snapshot_restore(ctx: Ctx) -> None:
     finally:
         kill_all([sbx])
     for _ in range(plan.runs):
+        child, ms = ctx.timed_create(snapshot_id=snap.snapshot_id)
         t0 = time.monotonic()
-        child = ctx.create(snapshot_id=snap.snapshot_id)
         try:
             child.commands.run("true", check=True)
-            r.s("restore_ms").add(ms_since(t0))
+            r.s("restore_ms").add(ms + ms_since(t0))
         finally:
             kill_all([child])
     ctx.log(f"restore: p50 {r.s('restore_ms').p50:.0f} ms over {r.s('restore_ms').n}")
@@ -297,12 +320,12 @@ def step_fork(ctx: Ctx) -> None:
     try:
         parent.commands.run("true", check=True)
         for _ in range(plan.fork1_runs):
+            kids, call_ms = retrying(ctx, "fork(1)", lambda: parent.fork(1))
             t0 = time.monotonic()
-            kids = parent.fork(1)
             try:
-                r.s("fork1_call_ms").add(ms_since(t0))
+                r.s("fork1_call_ms").add(call_ms)
                 _first_commands(kids)
-                r.s("fork1_ms").add(ms_since(t0))
+                r.s("fork1_ms").add(call_ms + ms_since(t0))
             finally:
                 kill_all(kids, close=False)
         ctx.log(f"fork(1): p50 {r.s('fork1_ms').p50:.0f} ms over {r.s('fork1_ms').n}")
@@ -323,7 +346,13 @@ def _fork_wall(ctx: Ctx, parent: Sandbox, count: int, name: str, measure_memory:
     r = ctx.results
     for attempt in range(attempts):
         t0 = time.monotonic()
-        kids = parent.fork(count)
+        try:
+            kids = parent.fork(count)
+        except SandlotError as e:  # every child failed
+            msg = f"fork({count}) failed (attempt {attempt + 1}): {str(e).splitlines()[0]}"
+            r.notes.append(msg)
+            ctx.log(f"[yellow]{msg}[/]")
+            continue
         try:
             if kids.errors:
                 msg = (f"fork({count}): {len(kids.errors)} of {count} children failed to start "
@@ -348,9 +377,9 @@ def step_idle(ctx: Ctx) -> None:
     made: list[Sandbox] = []
     try:
         for _ in range(plan.idle_count):
-            t0 = time.monotonic()
-            made.append(ctx.create(template="base"))
-            r.s("create_loaded_ms").add(ms_since(t0))
+            sbx, ms = ctx.timed_create(template="base")
+            made.append(sbx)
+            r.s("create_loaded_ms").add(ms)
         time.sleep(plan.settle_s)
         mems = [qemu_memory(s.info.pid, ctx.hot_dir) for s in made]
         r.values["idle20_pss_mib"] = sum(m.pss_mib for m in mems)
