@@ -176,7 +176,7 @@ def test_overrides_that_cannot_be_honoured_fail_before_anything_starts(origin, s
     for kwargs, words in [
         ({"memory_mb": mem - 128}, ("shrink", str(mem))),
         ({"memory_mb": mem + 100}, ("128",)),
-        ({"cpus": 9}, ("8",)),
+        ({"cpus": 9}, ("cpus",)),
         ({"cpus": 0}, ("cpus",)),
     ]:
         with pytest.raises(InvalidArgumentError) as exc:

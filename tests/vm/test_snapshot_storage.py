@@ -144,13 +144,6 @@ def test_deleting_a_snapshot_keeps_its_restored_sandboxes_working(server, reap):
     again.remove()
 
 
-FLATTEN_BUG = ("sandlot bug: vmm.disk.flatten_onto runs `qemu-img convert -B rootfs`, which copies "
-               "only the top layer of the frozen overlay's chain, so a snapshot or fork of a "
-               "sandbox restored from a snapshot (or forked) loses the disk data of its source's "
-               "layer (seen once the guest's page cache no longer holds it)")
-
-
-@pytest.mark.xfail(strict=True, reason=FLATTEN_BUG)
 def test_snapshots_and_forks_of_restored_sandboxes_keep_disk_data(reap):
     src = reap(Sandbox.create(timeout=300))
     src.commands.run("head -c 4M /dev/urandom > /root/blob.bin", check=True)
