@@ -396,7 +396,7 @@ def check_wait(info: SnapshotInfo, deadline: float | None, timeout: float | None
     """Raise `WaitTimeoutError` past `deadline`; else return how long to sleep before polling."""
     if deadline is not None and monotonic() >= deadline:
         raise WaitTimeoutError(f"snapshot {info.snapshot_id} still {info.state} after {timeout}s")
-    delay = 0.2 if info.state == "creating" else 0.5
+    delay = 0.1  # a GET of a snapshot is cheap; waiting long past `ready` is not
     if deadline is not None:
         delay = max(0.0, min(delay, deadline - monotonic()))
     return delay

@@ -7,6 +7,7 @@ blob's SHA-256 while decompressing; a mismatch or a missing blob is a StorageErr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,19 +19,25 @@ import zstandard
 
 from sandlot.errors import NotFoundError, StorageError
 
-FORMAT_VERSION = 1
+# 2: blobs hold only the data extents of sparse files (RAM files are mostly holes); 1 (whole
+# files) is still read.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CHUNK = 1 << 20
 PAGE = 4096
 _ZERO_PAGE = bytes(PAGE)
-# Why: a manifest is a few hundred bytes; anything bigger is not ours.
-MAX_MANIFEST = 1 << 20
+# Holes shorter than this are stored as data (zeros compress to nothing): fewer extents.
+MIN_HOLE = 1 << 20
+# Why: a manifest is an extent list and a few checksums; anything bigger is not ours.
+MAX_MANIFEST = 16 << 20
 
 
 @dataclass
 class BlobInfo:
-    size: int
-    sha256: str
+    size: int  # apparent size of the file
+    sha256: str  # of the stored stream: the data extents, in order
     stored_size: int
+    extents: list[list[int]] | None = None  # [offset, length]; None: the whole file
 
 
 @dataclass
@@ -86,18 +93,24 @@ class BlobStore:
 
     def _put_one(self, src: Path, dst: Path) -> BlobInfo:
         sha = hashlib.sha256()
-        size = 0
         cctx = zstandard.ZstdCompressor(level=self.level, threads=self.threads)
         with open(src, "rb") as fin, open(dst, "wb") as fout:
+            size = os.fstat(fin.fileno()).st_size
+            extents = data_extents(fin.fileno(), size)
             with cctx.stream_writer(fout, closefd=False) as writer:
-                while chunk := fin.read(CHUNK):
-                    sha.update(chunk)
-                    size += len(chunk)
-                    writer.write(chunk)
+                for offset, length in extents:
+                    fin.seek(offset)
+                    while length > 0:
+                        chunk = fin.read(min(CHUNK, length))
+                        if not chunk:
+                            raise StorageError(f"{src} changed while it was being stored")
+                        sha.update(chunk)
+                        writer.write(chunk)
+                        length -= len(chunk)
             fout.flush()
             os.fsync(fout.fileno())
             stored = fout.tell()
-        return BlobInfo(size=size, sha256=sha.hexdigest(), stored_size=stored)
+        return BlobInfo(size=size, sha256=sha.hexdigest(), stored_size=stored, extents=extents)
 
     def manifest(self, key: str) -> Manifest:
         path = self._dir(key) / "manifest.json"
@@ -110,7 +123,7 @@ class BlobStore:
         except (OSError, ValueError) as e:
             raise StorageError(f"snapshot {key}: unreadable manifest: {e}") from e
         version = raw.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise StorageError(f"snapshot {key}: format {version} is not supported "
                                f"(this sandlot reads {FORMAT_VERSION})")
         blobs = {name: BlobInfo(**info) for name, info in raw["blobs"].items()}
@@ -135,16 +148,15 @@ class BlobStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(src, "rb") as fin, open(tmp, "wb") as fout:
                 reader = zstandard.ZstdDecompressor().stream_reader(fin)
-                pending = b""  # keep writes page-aligned, so zero pages are found and skipped
-                while chunk := reader.read(CHUNK):
-                    sha.update(chunk)
-                    size += len(chunk)
-                    pending += chunk
-                    whole = len(pending) - len(pending) % PAGE
-                    _write_sparse(fout, pending[:whole])
-                    pending = pending[whole:]
-                _write_sparse(fout, pending)
-                fout.truncate(size)
+                for offset, length in info.extents or [[0, info.size]]:
+                    fout.seek(offset)
+                    for chunk in _read_exact(reader, length):
+                        sha.update(chunk)
+                        size += len(chunk)
+                        _write_sparse(fout, chunk)
+                if reader.read(1):
+                    raise zstandard.ZstdError("data after the last extent")
+                fout.truncate(info.size)
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"snapshot {key}: blob {name} is missing") from None
@@ -154,7 +166,7 @@ class BlobStore:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _storage_error(f"snapshot {key}: reading blob {name}", e) from e
-        if size != info.size or sha.hexdigest() != info.sha256:
+        if size != _data_size(info) or sha.hexdigest() != info.sha256:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"snapshot {key}: blob {name} is corrupt (checksum mismatch)")
         tmp.replace(target)
@@ -173,7 +185,7 @@ class BlobStore:
                         size += len(chunk)
             except (OSError, zstandard.ZstdError) as e:
                 raise StorageError(f"snapshot {key}: blob {name} unreadable ({e})") from e
-            if size != info.size or sha.hexdigest() != info.sha256:
+            if size != _data_size(info) or sha.hexdigest() != info.sha256:
                 raise StorageError(f"snapshot {key}: blob {name} is corrupt (checksum mismatch)")
         return manifest
 
@@ -187,6 +199,43 @@ class BlobStore:
         if not self.root.exists():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+
+def data_extents(fd: int, size: int) -> list[list[int]]:
+    """[offset, length] of the parts of a file that hold data (SEEK_DATA/SEEK_HOLE), with
+    holes shorter than MIN_HOLE folded in; the whole file where the filesystem can't tell."""
+    extents: list[list[int]] = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # no data after offset
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if extents and start - (extents[-1][0] + extents[-1][1]) < MIN_HOLE:
+                extents[-1][1] = end - extents[-1][0]
+            else:
+                extents.append([start, end - start])
+            offset = end
+    except OSError:
+        return [[0, size]] if size else []
+    return extents
+
+
+def _data_size(info: BlobInfo) -> int:
+    return sum(length for _, length in info.extents) if info.extents is not None else info.size
+
+
+def _read_exact(reader, length: int):
+    while length > 0:
+        chunk = reader.read(min(CHUNK, length))
+        if not chunk:
+            raise zstandard.ZstdError("stream ends before the last extent")
+        length -= len(chunk)
+        yield chunk
 
 
 def _write_sparse(f, chunk: bytes) -> None:

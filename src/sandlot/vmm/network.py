@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import ipaddress
 import json
 import logging
@@ -67,6 +68,7 @@ GATEWAY_ADDRESS = "10.0.2.2"
 DNS_ADDRESS = "10.0.2.3"
 GUEST_PREFIX = 24
 TAP = "tap0"
+HOST_LOCK = "/run/sandlot-net/slots.lock"
 # The gateway's MAC is the one QEMU's user-mode network uses for 10.0.2.2, so a guest snapshotted
 # on either backend keeps a valid ARP entry for its gateway after a restore.
 GATEWAY_MAC = "52:55:0a:00:02:02"
@@ -300,6 +302,18 @@ def _owned_id(rest: str) -> bool:
     return "." not in rest and bool(_ID_RE.fullmatch(rest))
 
 
+@contextlib.contextmanager
+def _host_lock():
+    """An exclusive lock shared by every sandlot process on the host."""
+    os.makedirs(os.path.dirname(HOST_LOCK), exist_ok=True)
+    with open(HOST_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _existing_namespaces(prefix: str = NETNS_PREFIX) -> set[str]:
     """Sandbox ids of the namespaces named `prefix` + id (another owner's do not match)."""
     try:
@@ -356,7 +370,13 @@ class NetworkManager:
         """
         _check_id(sandbox_id)
         egress = _resolve(policy)
-        with self._lock:
+        if sandbox_id in self._nets:
+            raise InvalidStateError(f"network of {sandbox_id} is already set up")
+        if sandbox_id in _existing_namespaces(self._ns_prefix):
+            self._remove([(sandbox_id, None)])  # left over by a crashed process
+        # Slots are host-wide (veth names, and the pool when servers share it): the host veth
+        # that marks a slot taken is created under a lock every sandlot process takes.
+        with self._lock, _host_lock():
             if sandbox_id in self._nets:
                 raise InvalidStateError(f"network of {sandbox_id} is already set up")
             taken = set(_existing_slots()) | self._reserved
@@ -365,10 +385,13 @@ class NetworkManager:
             if slot is None:
                 raise SandboxError(f"address pool {self._pool} is exhausted")
             self._reserved.add(slot)
-        net = self._describe(sandbox_id, slot)
+            net = self._describe(sandbox_id, slot)
+            try:
+                self._create_links(net)
+            except BaseException:
+                self._reserved.discard(slot)
+                raise
         try:
-            if sandbox_id in _existing_namespaces(self._ns_prefix):
-                self._remove([(sandbox_id, None)])  # left over by a crashed process
             self._create(net, egress, guest_netns)
         except BaseException:
             try:
@@ -460,8 +483,7 @@ class NetworkManager:
             namespace_address=str(base + 2),
         )
 
-    def _create(self, net: SandboxNetwork, egress: _Egress, guest_netns: str | None) -> None:
-        _write_sysctl("net/ipv4/ip_forward", "1")
+    def _create_links(self, net: SandboxNetwork) -> None:
         veth = net.host_veth
         _run(*_ip_batch([
             f"netns add {net.namespace}",
@@ -470,6 +492,10 @@ class NetworkManager:
             f"addr add {net.host_address}/30 dev {veth}",
             f"link set {veth} up",
         ]))
+
+    def _create(self, net: SandboxNetwork, egress: _Egress, guest_netns: str | None) -> None:
+        _write_sysctl("net/ipv4/ip_forward", "1")
+        veth = net.host_veth
         _write_sysctl(f"net/ipv6/conf/{veth}/disable_ipv6", "1", missing_ok=True)
         _write_sysctl(f"net/ipv4/conf/{veth}/route_localnet", "0")
         if guest_netns is None:

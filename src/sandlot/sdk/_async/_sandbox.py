@@ -50,7 +50,8 @@ class AsyncSandbox:
         return self._info
 
     def _child(self, info: SandboxInfo) -> AsyncSandbox:
-        return AsyncSandbox(self._api, info, owns_api=self._owns_api)
+        # Children share this object's HTTP client; only its creator closes it.
+        return AsyncSandbox(self._api, info, owns_api=False)
 
     @classmethod
     async def create(cls, template: str = "base", *, snapshot_id: str | None = None,
@@ -297,7 +298,7 @@ class AsyncSnapshot:
                                      cpus=cpus, env=env, timeout=timeout, metadata=metadata,
                                      internet=internet)
         data = await self._api.call(req)
-        return AsyncSandbox(self._api, SandboxInfo.model_validate(data), owns_api=self._owns_api)
+        return AsyncSandbox(self._api, SandboxInfo.model_validate(data), owns_api=False)
 
     async def save_named(self, name: str) -> AsyncSnapshot:
         """Give the snapshot `name` (raises `ConflictError` if taken); returns self."""

@@ -52,7 +52,8 @@ class Sandbox:
         return self._info
 
     def _child(self, info: SandboxInfo) -> Sandbox:
-        return Sandbox(self._api, info, owns_api=self._owns_api)
+        # Children share this object's HTTP client; only its creator closes it.
+        return Sandbox(self._api, info, owns_api=False)
 
     @classmethod
     def create(cls, template: str = "base", *, snapshot_id: str | None = None,
@@ -299,7 +300,7 @@ class Snapshot:
                                      cpus=cpus, env=env, timeout=timeout, metadata=metadata,
                                      internet=internet)
         data = self._api.call(req)
-        return Sandbox(self._api, SandboxInfo.model_validate(data), owns_api=self._owns_api)
+        return Sandbox(self._api, SandboxInfo.model_validate(data), owns_api=False)
 
     def save_named(self, name: str) -> Snapshot:
         """Give the snapshot `name` (raises `ConflictError` if taken); returns self."""
