@@ -394,9 +394,38 @@ def step_idle(ctx: Ctx) -> None:
 
 
 Step = Callable[[Ctx], None]
+# ---- networking --------------------------------------------------------------------------------
+
+def step_network(ctx: Ctx) -> None:
+    """What a sandbox's network costs: namespace, veth, tap and nftables rules set up (on the
+    create/fork path, concurrently with the disk overlay) and torn down (on kill). Measured
+    in-process with the server's own network code, in a pool and owner of its own."""
+    if os.environ.get("SANDLOT_NETWORK", "on") == "off":
+        ctx.results.notes.append("network cost not measured: networking is off (--no-network)")
+        return
+    from sandlot.vmm.network import NetworkManager, NetworkPolicy
+
+    manager = NetworkManager(dns_servers=[], pool="10.206.0.0/16", owner=f"bench{os.getpid()}")
+    r = ctx.results
+    try:
+        for i in range(ctx.plan.creates):
+            sandbox_id = f"sb-bench{i:04d}"
+            t0 = time.monotonic()
+            manager.setup(sandbox_id, NetworkPolicy())
+            r.s("network_setup_ms").add(ms_since(t0))
+            t0 = time.monotonic()
+            manager.teardown(sandbox_id)
+            r.s("network_teardown_ms").add(ms_since(t0))
+    finally:
+        manager.cleanup_stale(set())
+    ctx.log(f"network: setup p50 {r.s('network_setup_ms').p50:.0f} ms, teardown p50 "
+            f"{r.s('network_teardown_ms').p50:.0f} ms")
+
+
 STEPS: list[tuple[str, Step]] = [
     ("cold boot", step_cold_boot),
     ("create, exec, files", step_create_exec_files),
+    ("network cost", step_network),
     ("snapshot, restore", step_snapshot_restore),
     ("snapshot of a bigger sandbox", step_big_pause),
     ("fork", step_fork),
