@@ -7,9 +7,9 @@ PORT=${1:-7070}
 export SANDLOT_URL="http://127.0.0.1:${PORT}"
 export SANDLOT_API_KEY=${SANDLOT_API_KEY:-$(.venv/bin/sandlot keys create)}
 
-.venv/bin/sandlot serve --port "$PORT" &
+SANDLOT_LOG=${SANDLOT_LOG:-WARNING} .venv/bin/sandlot serve --port "$PORT" &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT INT TERM
 for _ in $(seq 1 100); do
   curl -fs "$SANDLOT_URL/health" >/dev/null && break
   kill -0 $server 2>/dev/null || { echo "demo: the server did not start" >&2; exit 1; }
@@ -21,4 +21,4 @@ done
 echo
 echo "sandlot is serving on $SANDLOT_URL (API key: $SANDLOT_API_KEY). Ctrl-C to stop."
 if [ -n "${SANDLOT_DEMO_EXIT:-}" ]; then exit 0; fi
-wait $server
+wait $server || true

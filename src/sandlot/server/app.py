@@ -66,5 +66,6 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
 
     logging.basicConfig(level=os.environ.get("SANDLOT_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
     app = create_app(Settings.from_env(data_dir))
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
