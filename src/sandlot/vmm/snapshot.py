@@ -36,7 +36,8 @@ from sandlot.vmm.machine import NO_NETWORK, Machine, MachineSpec
 MIGRATE_PARAMS = {
     "max-bandwidth": 64 << 30,  # unthrottled: the stream is a local unix socket
     "downtime-limit": 20,  # ms; the switchover is when the guest is paused
-    "multifd-channels": 2,  # RAM pages over two sockets and threads: ~15% faster here
+    # No multifd: ~15% faster here, but QEMU 7.2's multifd has had page-loss fixes since, and a
+    # snapshot that silently misses pages is far worse than a slower one.
 }
 
 
@@ -76,14 +77,11 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     paused_at = resumed_at = 0.0
     try:
         sock = holder_dir / "mig.sock"
-        await holder.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "multifd", "state": True}]})
         await holder.execute("migrate-set-parameters", MIGRATE_PARAMS)
         await holder.execute("migrate-incoming", {"uri": f"unix:{sock}"})
         await source.execute("migrate-set-capabilities", {"capabilities": [
             {"capability": "pause-before-switchover", "state": True},
             {"capability": "x-ignore-shared", "state": False},
-            {"capability": "multifd", "state": True},
         ]})
         await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
         await source.execute("migrate", {"uri": f"unix:{sock}"})
@@ -112,8 +110,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
                     {"capability": "pause-before-switchover", "state": False}]})
         await holder.wait_incoming(timeout=60)
         await holder.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "x-ignore-shared", "state": True},
-            {"capability": "multifd", "state": False}]})
+            {"capability": "x-ignore-shared", "state": True}]})
         await holder.execute("migrate", {"uri": f"exec:cat > {devstate}"})
         await holder.wait_migration(("completed",), timeout=60)
     except VmmError as e:
