@@ -178,11 +178,16 @@ class SandboxManager:
                 await hotplug.apply(machine, rec.hotplug_mb)
                 machine.spec = machine.spec.with_(cpus=rec.cpus)
                 machine.spec.save()
-                await machine.execute("cont")
+                # Connect before the VM runs: the snapshot was taken with a host connected, so
+                # the port's state then matches and the guest gets no close/open events, which
+                # QEMU may drop (see AgentClient.connect). Hello and configure wait in the
+                # socket until the guest runs.
                 connecting = asyncio.create_task(AgentClient.connect(
                     str(spec.agent_socket), timeout=30, configure=configure_fields(
                         env=rec.env, generation=rec.generation,
                         cpus=rec.cpus if rec.cpus != source.cpus else None)))
+                await machine.wait_chardev_connected("agent")
+                await machine.execute("cont")
             agent = await connecting
             await agent.sync_clock()
         except BaseException as e:

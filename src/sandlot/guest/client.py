@@ -69,9 +69,15 @@ class AgentClient:
 
         `configure` (see `configure_fields`) is sent right behind the hello, saving a round
         trip on the restore path; its answer is in `self.configured`.
+
+        A session that gets no answer is dropped and the socket connected again: the guest
+        learns that a host is there from a virtio-serial control message, which QEMU drops
+        when the guest has no buffer posted for it; without it the guest's replies cannot be
+        written. A new connection makes QEMU send it again.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        attempt_timeout = min(timeout, 4.0)
         last: BaseException | None = None
         while loop.time() < deadline:
             try:
@@ -83,12 +89,13 @@ class AgentClient:
             client = cls(reader, writer)
             client._task = asyncio.create_task(client._read_loop())
             try:
-                remaining = max(0.1, deadline - loop.time())
+                remaining = max(0.1, min(attempt_timeout, deadline - loop.time()))
                 await client._handshake(remaining, configure)
                 return client
             except (TimeoutError, GuestError) as e:
                 last = e
                 await client.close()
+                attempt_timeout = min(attempt_timeout * 2, 16.0)
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
     async def _handshake(self, timeout: float, configure: dict | None = None) -> None:

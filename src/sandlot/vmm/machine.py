@@ -236,6 +236,20 @@ class Machine:
         except (QMPError, OSError, EOFError) as e:
             raise VmmError(f"QMP {cmd} failed: {e}", cause=e) from e
 
+    async def wait_chardev_connected(self, label: str, timeout: float = 2.0) -> bool:
+        """Wait until a client is connected to chardev `label` (QEMU names an unconnected
+        socket chardev "disconnected:..."); False if none came within `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for dev in await self.execute("query-chardev"):
+                if dev.get("label") == label and not dev.get("filename", "").startswith(
+                        "disconnected"):
+                    return True
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+
     async def status(self) -> str:
         return (await self.execute("query-status"))["status"]
 
