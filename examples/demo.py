@@ -11,9 +11,11 @@ from sandlot import Sandbox
 def main() -> None:
     t = time.perf_counter()
     sbx = Sandbox.create(template="base", timeout=120)
-    print(f"created {sbx.sandbox_id} in {(time.perf_counter() - t) * 1000:.0f} ms (a restore, not a boot)")
+    ms = (time.perf_counter() - t) * 1000
+    print(f"created {sbx.sandbox_id} in {ms:.0f} ms (a restore, not a boot)")
     try:
-        sbx.commands.run("python3 -c 'import os,time; open(\"/tmp/token\",\"w\").write(os.urandom(4).hex()); "
+        sbx.commands.run("python3 -c 'import os,time; "
+                         "open(\"/tmp/token\",\"w\").write(os.urandom(4).hex()); "
                          "time.sleep(10**6)' >/dev/null 2>&1 &")
         sbx.files.write("/home/user/state.txt", "baseline\n")
         token = sbx.commands.run("sleep 0.5; cat /tmp/token").stdout
@@ -32,7 +34,8 @@ def main() -> None:
         for i, child in enumerate(children):
             child.commands.run(f"echo branch-{i} > /home/user/state.txt")
         for child in children:
-            out = child.commands.run("cat /home/user/state.txt; pgrep -f 'time.sleep' >/dev/null && echo process-alive")
+            out = child.commands.run("cat /home/user/state.txt; "
+                                     "pgrep -f 'time.sleep' >/dev/null && echo process-alive")
             print(f"  {child.sandbox_id}: {out.stdout.split()}")
             child.kill()
 
