@@ -8,122 +8,27 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
-IMAGES_DIR = Path(os.environ.get("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images"))
+from sandlot import testing
+from sandlot.vmm.processes import qemus_under
+
+IMAGES_DIR = testing.IMAGES_DIR
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    """A sandlot server process; restartable (same data dir, same port)."""
-
-    data_dir: Path
-    port: int
-    key: str
-    instance: str
-    log_path: Path
-    proc: subprocess.Popen | None = None
-    env: dict = field(default_factory=dict)
-    extra_env: dict = field(default_factory=dict)  # set before start(); kept across restarts
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60) -> None:
-        self.env = {**os.environ, "SANDLOT_API_KEY": self.key,
-                    "SANDLOT_IMAGES_DIR": str(IMAGES_DIR),
-                    "SANDLOT_INSTANCE": self.instance, "SANDLOT_DATA_DIR": str(self.data_dir),
-                    **self.extra_env}
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandlot.cli", "serve", "--port", str(self.port),
-             "--data-dir", str(self.data_dir)],
-            env=self.env, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not come up")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def client_kwargs(self) -> dict:
-        return {"api_url": self.url, "api_key": self.key}
-
-    @property
-    def run_root(self) -> Path:
-        return Path(f"/run/sandlot-{self.instance}")
-
-    @property
-    def shm_root(self) -> Path:
-        return Path(f"/dev/shm/sandlot-{self.instance}")
-
-
-def qemu_pids(run_root: Path) -> list[int]:
-    """QEMU processes whose sockets live under `run_root`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "qemu-system" in cmd and f"unix:{run_root}/" in cmd:
-            pids.append(int(entry.name))
-    return pids
+Server = testing.ServerProcess
+qemu_pids = qemus_under
 
 
 def _make_server(tmp_root: Path, name: str) -> Server:
-    instance = f"t{os.getpid()}{name}"
-    data = tmp_root / f"data-{name}"
-    data.mkdir(parents=True, exist_ok=True)
-    return Server(data_dir=data, port=free_port(), key="sl_test_" + secrets.token_hex(8),
-                  instance=instance, log_path=tmp_root / f"server-{name}.log")
+    return Server(data_dir=tmp_root / f"data-{name}", instance=f"t{os.getpid()}{name}",
+                  log_path=tmp_root / f"server-{name}.log")
 
 
 def _cleanup(server: Server) -> None:
-    server.stop()
-    for pid in qemu_pids(server.run_root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(server.run_root, ignore_errors=True)
-    shutil.rmtree(server.shm_root, ignore_errors=True)
+    server.close()
 
 
 @pytest.fixture(scope="session")

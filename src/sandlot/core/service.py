@@ -22,6 +22,7 @@ from sandlot.core.templates import TemplateStore
 from sandlot.errors import SandlotError
 from sandlot.guest.client import AgentClient
 from sandlot.vmm.machine import Machine, MachineSpec
+from sandlot.vmm.processes import qemu_alive, qemus_under
 
 log = logging.getLogger(__name__)
 
@@ -130,31 +131,11 @@ class Core:
         return live
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            errors="replace")
-    except OSError:
-        return ""
-
-
-def qemu_alive(pid: int, run_dir: Path) -> bool:
-    cmd = _cmdline(pid)
-    return "qemu-system" in cmd and f"{run_dir}/qmp.sock" in cmd
-
-
 def kill_orphans(run_root: Path, keep: set[int]) -> list[int]:
     """SIGKILL every QEMU whose sockets live under `run_root` and that is not in `keep`."""
     killed = []
-    marker = f"unix:{run_root}/"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if pid in keep:
-            continue
-        cmd = _cmdline(pid)
-        if "qemu-system" in cmd and marker in cmd:
+    for pid in qemus_under(run_root):
+        if pid not in keep:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
