@@ -345,9 +345,8 @@ def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):
     base = json.loads((conftest.IMAGES_DIR / "templates" / "base.json").read_text())
     shutil.copy(conftest.IMAGES_DIR / "templates" / "base.json", images / "templates")
     (images / "templates" / "e2b-other.json").write_text(json.dumps(base | {"name": "e2b-other"}))
-    monkeypatch.setattr(conftest, "IMAGES_DIR", images)  # Server.start passes it on
-
     srv = conftest._make_server(tmp_path, "e2b")
+    srv.extra_env = {"SANDLOT_IMAGES_DIR": str(images)}
     srv.start()
     try:
         opts = e2b_opts(srv)

@@ -28,6 +28,7 @@ from sandlot.core.store import MetadataStore
 from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
     CommandTimeoutError,
+    GuestError,
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
@@ -174,21 +175,37 @@ class SandboxManager:
                 if net is not None:
                     spec = spec.with_(netdev=net.qemu_netdev()[-1],
                                       exec_prefix=tuple(net.netns_exec_prefix()))
-                machine = await vmm_snapshot.restore(spec, hot["devstate"])
-                await hotplug.apply(machine, rec.hotplug_mb)
-                machine.spec = machine.spec.with_(cpus=rec.cpus)
-                machine.spec.save()
-                # Connect before the VM runs: the snapshot was taken with a host connected, so
-                # the port's state then matches and the guest gets no close/open events, which
-                # QEMU may drop (see AgentClient.connect). Hello and configure wait in the
-                # socket until the guest runs.
-                connecting = asyncio.create_task(AgentClient.connect(
-                    str(spec.agent_socket), timeout=30, configure=configure_fields(
-                        env=rec.env, generation=rec.generation,
-                        cpus=rec.cpus if rec.cpus != source.cpus else None)))
-                await machine.wait_chardev_connected("agent")
-                await machine.execute("cont")
-            agent = await connecting
+                for attempt in (1, 2):
+                    machine = await vmm_snapshot.restore(spec, hot["devstate"])
+                    await hotplug.apply(machine, rec.hotplug_mb)
+                    machine.spec = machine.spec.with_(cpus=rec.cpus)
+                    machine.spec.save()
+                    # Connect before the VM runs: the snapshot was taken with a host connected,
+                    # so the port's state then matches and the guest gets no close/open events,
+                    # which QEMU may drop (see AgentClient.connect). Hello and configure wait in
+                    # the socket until the guest runs.
+                    connecting = asyncio.create_task(AgentClient.connect(
+                        str(spec.agent_socket), timeout=15, configure=configure_fields(
+                            env=rec.env, generation=rec.generation,
+                            cpus=rec.cpus if rec.cpus != source.cpus else None)))
+                    await machine.wait_chardev_connected("agent")
+                    await machine.execute("cont")
+                    try:
+                        agent = await connecting
+                        break
+                    except GuestError as e:
+                        console = machine.console_tail()
+                        await machine.kill()
+                        machine = None
+                        if attempt == 2:
+                            raise GuestError(f"{e.message}; guest console: {console}") from e
+                        # Start over from the snapshot, on a fresh overlay.
+                        log.warning("sandbox %s: the restored guest did not answer (%s); "
+                                    "console: %s; restoring again", rec.sandbox_id, e.message,
+                                    console or "empty")
+                        disk.unlink(missing_ok=True)
+                        await create_overlay(disk, hot["disk"], "qcow2",
+                                             source.rootfs.stat().st_size)
             await agent.sync_clock()
         except BaseException as e:
             if connecting is not None and not connecting.done():

@@ -220,6 +220,13 @@ class Machine:
                 raise VmmError(f"QEMU did not open QMP within {timeout}s: {self.log_tail()}")
             await asyncio.sleep(0.005)
 
+    def console_tail(self, n: int = 1500) -> str:
+        """The end of the guest's serial console (kernel messages: panics land here)."""
+        try:
+            return (self.spec.run_dir / "console.log").read_text(errors="replace")[-n:].strip()
+        except OSError:
+            return ""
+
     def log_tail(self, n: int = 2000) -> str:
         try:
             return (self.spec.run_dir / "qemu.log").read_text(errors="replace")[-n:].strip()
