@@ -109,3 +109,18 @@ class ServerProcess:
                 pass
         shutil.rmtree(self.run_root, ignore_errors=True)
         shutil.rmtree(self.shm_root, ignore_errors=True)
+        remove_networks(self.instance)
+
+
+def remove_networks(instance: str) -> None:
+    """Remove the network namespaces, veths and rules a server of `instance` left."""
+    from sandlot.core.networking import network_owner
+    from sandlot.vmm.network import NetworkManager
+
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        return
+    try:
+        NetworkManager(dns_servers=["127.0.0.1"], owner=network_owner(instance)).cleanup_stale(
+            set())
+    except Exception:  # noqa: BLE001 - best effort: the next server of that name cleans too
+        pass

@@ -19,6 +19,11 @@ from sandlot.vmm.network import NetworkManager, NetworkPolicy, SandboxNetwork
 log = logging.getLogger(__name__)
 
 
+def network_owner(instance: str) -> str:
+    """The tag a server's network objects carry, from its SANDLOT_INSTANCE."""
+    return re.sub(r"[^a-z0-9]", "", instance.lower())[:16]
+
+
 def policy_of(rec: SandboxRecord) -> NetworkPolicy:
     net = rec.network
     return NetworkPolicy(internet=rec.internet,
@@ -41,7 +46,7 @@ class Networking:
             return None
         dns = [s.strip() for s in os.environ.get("SANDLOT_DNS", "").split(",") if s.strip()]
         pool = os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16")
-        owner = re.sub(r"[^a-z0-9]", "", os.environ.get("SANDLOT_INSTANCE", "").lower())[:16]
+        owner = network_owner(os.environ.get("SANDLOT_INSTANCE", ""))
         return cls(NetworkManager(dns_servers=dns or None, pool=pool, owner=owner))
 
     async def attach(self, rec: SandboxRecord) -> SandboxNetwork:
