@@ -127,8 +127,7 @@ class SandboxManager:
         source.check_loadable()
         memory = req.memory_mb or (source.memory_mb + source.dimm_mb)
         cpus = req.cpus or source.cpus
-        extra = hotplug.check_overrides(source.memory_mb, source.dimm_mb, source.cpus, memory,
-                                        cpus)
+        extra = hotplug.check_overrides(source.memory_mb, source.dimm_mb, memory, cpus)
         timeout = self.settings.default_timeout if req.timeout is None else req.timeout
         created = now()
         return SandboxRecord(

@@ -13,7 +13,7 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sandlot.errors import (
     GuestError,
@@ -42,7 +42,6 @@ class Hello:
     proto: int
     caps: list[str]
     generation: str = "0"
-    extra: dict = field(default_factory=dict)
 
 
 class AgentClient:

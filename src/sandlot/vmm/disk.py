@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from pathlib import Path
 
@@ -58,15 +57,6 @@ async def flatten_pair(top: Path, lower: Path, dst: Path) -> None:
     finally:
         merged_top.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
-
-
-async def virtual_size(path: Path) -> int:
-    info = json.loads(await _qemu_img("info", "-U", "--output=json", str(path)))
-    return int(info["virtual-size"])
-
-
-async def rebase_unsafe(path: Path, backing: Path, backing_fmt: str) -> None:
-    await _qemu_img("rebase", "-u", "-b", str(backing), "-F", backing_fmt, str(path))
 
 
 async def merge_below_top(machine, base_file: Path, timeout: float = 600) -> None:

@@ -14,8 +14,7 @@ from sandlot.vmm.machine import MAX_CPUS, MAX_MEM_MB, Machine
 MEMORY_BLOCK_MB = 128  # x86-64 Linux onlines memory in 128 MiB blocks
 
 
-def check_overrides(base_mb: int, base_dimm_mb: int, base_cpus: int, memory_mb: int,
-                    cpus: int) -> int:
+def check_overrides(base_mb: int, base_dimm_mb: int, memory_mb: int, cpus: int) -> int:
     """Validate a restore's memory/CPU request; returns the extra memory (MiB) to hotplug."""
     have = base_mb + base_dimm_mb
     if memory_mb < have:

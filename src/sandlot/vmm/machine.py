@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import signal
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from qemu.qmp import QMPClient, QMPError
@@ -60,7 +60,6 @@ class MachineSpec:
     incoming: bool = False
     netdev: str = NO_NETWORK
     exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-...")
-    extra: tuple[str, ...] = field(default=())
 
     def with_(self, **changes) -> MachineSpec:
         return replace(self, **changes)
@@ -71,12 +70,12 @@ class MachineSpec:
 
     @classmethod
     def from_json(cls, text: str) -> MachineSpec:
-        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in json.loads(text).items() if k in known}
         for key in ("run_dir", "kernel", "initrd", "disk", "ram_path", "dimm_path"):
             if data.get(key) is not None:
                 data[key] = Path(data[key])
-        for key in ("exec_prefix", "extra"):
-            data[key] = tuple(data.get(key) or ())
+        data["exec_prefix"] = tuple(data.get("exec_prefix") or ())
         return cls(**data)
 
     def save(self) -> None:
@@ -129,7 +128,6 @@ class MachineSpec:
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.run_dir / "qemu.pid"),
             *self.dimm_args(),
-            *self.extra,
         ]
         if self.incoming:
             cmd += ["-S", "-incoming", "defer"]
