@@ -46,8 +46,10 @@ def server(tmp_path_factory) -> Iterator[Server]:
 
 @pytest.fixture
 def own_server(tmp_path_factory) -> Iterator[Server]:
-    """A server of the test's own, for restart and crash tests."""
+    """A server of the test's own, for restart and crash tests. No warm pool: these tests
+    account for every QEMU process (tests/vm/test_pool.py covers the pool across restarts)."""
     srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
+    srv.extra_env = {"SANDLOT_POOL_SIZE": "0"}
     srv.start()
     yield srv
     _cleanup(srv)

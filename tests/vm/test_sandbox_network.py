@@ -19,9 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from snapkit import wait_for
 
 from conftest import _cleanup, _make_server, qemu_pids
-from sandlot import Sandbox
+from sandlot import Sandbox, Sandlot
 
 SFX = f"{os.getpid() % 0x10000:x}"
 WEB_NS = f"slt-web-{SFX}"
@@ -150,10 +151,17 @@ def test_outbound_and_dns(make):
     assert curl(box, "http://svc-b.test/") == "site-B"
 
 
-def test_no_internet(make):
-    box = make(internet=False)
+def test_no_internet(make, net_server):
+    with Sandlot(**net_server.client_kwargs()) as client:
+        wait_for(lambda: (p := client.health()["pool"]["base"])["ready"] == p["size"],
+                 timeout=90, what="a full warm pool")
+        claimed = client.health()["pool"]["base"]["claimed"]
+        box = make(internet=False)  # a pooled sandbox, restored with internet: rules at claim
+        assert client.health()["pool"]["base"]["claimed"] == claimed + 1
     assert curl(box, f"http://{WEB_A}/").startswith("curl failed")
     assert box.commands.run("getent hosts svc-b.test").exit_code != 0
+    fresh = make(internet=False, cpus=2)  # not from the pool: restored without internet
+    assert curl(fresh, f"http://{WEB_A}/").startswith("curl failed")
 
 
 def test_host_and_loopback_unreachable(make, net_server):

@@ -21,6 +21,7 @@ from sandlot.core.models import (
     to_doc,
     transition,
 )
+from sandlot.core.pool import WarmPool
 from sandlot.core.runtime import LiveSandbox, new_generation
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import HotCache, Source
@@ -43,6 +44,7 @@ from sandlot.vmm.machine import MAX_CPUS, MachineSpec
 
 log = logging.getLogger(__name__)
 MAX_FORK = 64
+POOL_WARM_UP = "true"  # a pooled sandbox's first command, so a user's first one finds it warm
 PARALLEL_RESTORES = 8
 
 
@@ -66,6 +68,7 @@ class SandboxManager:
         self.snapshots = snapshots
         self.network = network
         self.live: dict[str, LiveSandbox] = {}
+        self.pool: WarmPool | None = None  # set by Core when the warm pool is on
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
         snapshots.in_use = self._source_in_use
         snapshots.on_sandbox_changed = lambda live: self._save(live.record)
@@ -120,8 +123,42 @@ class SandboxManager:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
         source = self.resolve_source(req)
         rec = self._new_record(source, req)
+        if self.pool is not None and (pooled := self.pool.take(source, req)) is not None:
+            try:
+                return await self._claim(pooled, rec)
+            except SandlotError as e:  # e.g. its VM died while pooled: restore one instead
+                log.warning("pooled sandbox %s could not be claimed: %s", pooled.sandbox_id, e)
+                await self._dispose(pooled)
         await self._start(rec, source)
         return rec
+
+    async def _claim(self, live: LiveSandbox, rec: SandboxRecord) -> SandboxRecord:
+        """Give a pooled sandbox the identity `rec` asks for, and register it."""
+        rec.sandbox_id = live.sandbox_id  # its run dir, disk dir and namespace are named so
+        rec.pid = live.machine.pid
+        live.record = rec
+        agent = await live.session()
+        await agent.configure(env=rec.env, generation=rec.generation)  # reseeds the RNG too
+        await agent.sync_clock()
+        if self.network is not None and (not rec.internet or rec.network):
+            await self.network.update(rec)
+        self._register(live)
+        return rec
+
+    async def make_pooled(self, template: str) -> tuple[LiveSandbox, Source]:
+        """A restored, warmed-up sandbox of `template` for the warm pool (not registered)."""
+        source = self.templates.source(template)
+        rec = self._new_record(source, CreateSandbox(template=template))
+        live = await self.restore_unregistered(rec, source)
+        try:
+            fields = self._exec_fields(live, ExecRequest(cmd=POOL_WARM_UP)) | {"track": False}
+            async for header, _ in live.agent.stream("exec", **fields):
+                if header.get("event") == "exit":
+                    break
+        except BaseException:
+            await self._dispose(live)
+            raise
+        return live, source
 
     def _new_record(self, source: Source, req: CreateSandbox) -> SandboxRecord:
         source.check_loadable()
@@ -144,6 +181,27 @@ class SandboxManager:
     async def _start(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
         """Restore `source` into the sandbox `rec` describes, and register it as live."""
         self._save(rec)
+        try:
+            live = await self.restore_unregistered(rec, source)
+        except BaseException as e:
+            rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
+            with contextlib.suppress(SandlotError):
+                transition(rec, SandboxState.FAILED)
+                self._save(rec)
+            if isinstance(e, SandlotError) or not isinstance(e, Exception):
+                raise
+            raise VmmError(f"sandbox failed to start: {rec.error}") from e
+        self._register(live)
+        return live
+
+    def _register(self, live: LiveSandbox) -> None:
+        transition(live.record, SandboxState.RUNNING)
+        self.live[live.sandbox_id] = live
+        self._save(live.record)
+
+    async def restore_unregistered(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
+        """Restore `source` for `rec`: VM, disk, network, agent session, clock set. On failure
+        everything it made is gone again. The caller registers the result (or pools it)."""
         run_dir = self.settings.run_root / rec.sandbox_id
         disk_dir = self.settings.disks_dir / rec.sandbox_id
         machine = None
@@ -206,7 +264,7 @@ class SandboxManager:
                         await create_overlay(disk, hot["disk"], "qcow2",
                                              source.rootfs.stat().st_size)
             await agent.sync_clock()
-        except BaseException as e:
+        except BaseException:
             if connecting is not None and not connecting.done():
                 connecting.cancel()
             if machine is not None:
@@ -216,20 +274,10 @@ class SandboxManager:
                     await self.network.detach(rec.sandbox_id)
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(disk_dir, ignore_errors=True)
-            rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
-            with contextlib.suppress(SandlotError):
-                transition(rec, SandboxState.FAILED)
-                self._save(rec)
-            if isinstance(e, SandlotError) or not isinstance(e, Exception):
-                raise
-            raise VmmError(f"sandbox failed to start: {rec.error}") from e
+            raise
         rec.pid = machine.pid
-        transition(rec, SandboxState.RUNNING)
-        live = LiveSandbox(record=rec, machine=machine, agent=agent, run_dir=run_dir,
+        return LiveSandbox(record=rec, machine=machine, agent=agent, run_dir=run_dir,
                            disk_dir=disk_dir, network=net)
-        self.live[rec.sandbox_id] = live
-        self._save(rec)
-        return live
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -242,17 +290,21 @@ class SandboxManager:
 
     async def _teardown(self, live: LiveSandbox, state: SandboxState) -> None:
         self.live.pop(live.sandbox_id, None)
+        await self._dispose(live)
+        rec = live.record
+        rec.pid = None
+        transition(rec, state)
+        self._save(rec)
+        self.snapshots.release(rec.source_key)
+
+    async def _dispose(self, live: LiveSandbox) -> None:
+        """Stop the VM and remove its network, run dir and disks."""
         await live.shutdown()
         if self.network is not None:
             with contextlib.suppress(Exception):
                 await self.network.detach(live.sandbox_id)
         shutil.rmtree(live.run_dir, ignore_errors=True)
         shutil.rmtree(live.disk_dir, ignore_errors=True)
-        rec = live.record
-        rec.pid = None
-        transition(rec, state)
-        self._save(rec)
-        self.snapshots.release(rec.source_key)
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         if timeout < 0 or timeout > self.settings.max_timeout:

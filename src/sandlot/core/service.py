@@ -13,6 +13,7 @@ from pathlib import Path
 from sandlot.core.config import Settings
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.networking import Networking
+from sandlot.core.pool import WarmPool
 from sandlot.core.runtime import LiveSandbox
 from sandlot.core.sandboxes import SandboxManager
 from sandlot.core.snapshots import SnapshotManager
@@ -43,16 +44,24 @@ class Core:
         self.sandboxes = SandboxManager(self.settings, self.db, self.hot, self.templates,
                                         self.snapshots, network=network)
         self._reaper: asyncio.Task | None = None
+        size, names = WarmPool.settings_from_env()
+        self.pool = WarmPool(make=self.sandboxes.make_pooled, discard=self.sandboxes._dispose,
+                             templates=names, size=size) if size and names else None
+        self.sandboxes.pool = self.pool
 
     async def start(self) -> None:
         await self.recover()
         self._reaper = asyncio.create_task(self._reap_loop())
+        if self.pool is not None:
+            self.pool.start()
 
     async def stop(self, kill_sandboxes: bool = False) -> None:
         if self._reaper:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        if self.pool is not None:
+            await self.pool.close()  # pooled VMs are in no record: they cannot be re-adopted
         await self.snapshots.close()
         await self.sandboxes.close(kill=kill_sandboxes)
         self.db.close()

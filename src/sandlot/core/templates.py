@@ -33,7 +33,7 @@ from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
 from sandlot.storage.blobs import BlobStore
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.disk import create_overlay, flatten_onto
-from sandlot.vmm.machine import DEVICE_MODEL, KERNEL_CMDLINE, Machine, MachineSpec
+from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
 
 BOOT_TIMEOUT = 180.0
 
@@ -93,7 +93,7 @@ def resolve_spec(spec_or_name: str) -> TemplateSpec:
 
 def _content_hash(spec: TemplateSpec) -> str:
     extra = guest_sources_hash_input() + initramfs_mod.INIT_SCRIPT.encode()
-    extra += f"device-model={DEVICE_MODEL};cmdline={KERNEL_CMDLINE}".encode()
+    extra += f"device-model={DEVICE_MODEL}".encode()  # includes the kernel command line
     extra += " ".join(initramfs_mod.MODULES).encode()
     return spec.content_hash(extra=hashlib.sha256(extra).digest())
 

@@ -325,9 +325,10 @@ class Agent:
             **identity,
         )
         proc = Proc(self, popen, cmd, user)
-        with self.procs_lock:
-            self.procs[proc.pid] = proc
-            self.trim_finished()
+        if h.get("track", True):  # the host's own warm-up runs are not listed
+            with self.procs_lock:
+                self.procs[proc.pid] = proc
+                self.trim_finished()
         if h.get("stream", True):
             proc.subscribers.add(rid)
         self.chan.send({"id": rid, "ok": True, "pid": proc.pid, "event": "start"})

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
@@ -54,8 +54,11 @@ def create_app(settings: Settings | None = None, *, network: object | None = "au
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
 
     @app.get("/health", tags=["health"])
-    async def health() -> dict:
-        return {"status": "ok", "version": VERSION}
+    async def health(request: Request) -> dict:
+        """Liveness, and the warm pool's state per template (ready, claimed, misses)."""
+        core = getattr(request.app.state, "core", None)
+        pool = core.pool.stats() if core is not None and core.pool is not None else {}
+        return {"status": "ok", "version": VERSION, "pool": pool}
 
     return app
 
