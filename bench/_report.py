@@ -133,6 +133,8 @@ ROWS = [
     Row("cold boot (boot to agent ready)", "cold_boot_ms", "ms"),
     Row("create from template", "create_ms", "ms", target="create_ms_p50", vs="cold"),
     Row("  first command after create", "create_first_exec_ms", "ms"),
+    Row("create without the warm pool (a restore)", "create_restore_ms", "ms", vs="cold"),
+    Row("  first command after it", "create_restore_first_exec_ms", "ms"),
     Row("  network setup (namespace, veth, tap, rules; beside the disk overlay)",
         "network_setup_ms", "ms"),
     Row("  network teardown (on kill)", "network_teardown_ms", "ms"),

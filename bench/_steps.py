@@ -24,7 +24,7 @@ from _plan import Plan
 from _procmem import file_allocated_mib, qemu_memory
 from _server import IMAGES_DIR, BenchServer
 from _stats import Series, ms_since
-from sandlot import Sandbox, SandlotError, Snapshot
+from sandlot import Sandbox, Sandlot, SandlotError, Snapshot
 
 T = TypeVar("T")
 SANDBOX_TIMEOUT = 1800  # s; the bench kills what it makes, this is the safety net
@@ -143,6 +143,52 @@ def template_ram_mib(ctx: Ctx) -> float | None:
 
 # ---- create, exec, files -----------------------------------------------------------------------
 
+def wait_for_full_pool(ctx: Ctx, timeout: float = 60) -> bool:
+    """Until the server's warm pool of `base` is full (False if it has none)."""
+    deadline = time.monotonic() + timeout
+    with Sandlot(**ctx.kw) as client:
+        while time.monotonic() < deadline:
+            pool = client.health().get("pool", {}).get("base")
+            if not pool:
+                return False
+            if pool["ready"] >= pool["size"]:
+                return True
+            time.sleep(0.05)
+    raise RuntimeError("the warm pool did not fill up")
+
+
+def _creates(ctx: Ctx, name: str, pooled: bool) -> None:
+    """Create, run a first command, kill; `pooled`: with a full warm pool before each."""
+    r = ctx.results
+    for _ in range(ctx.plan.creates):
+        if pooled:
+            wait_for_full_pool(ctx)
+        sbx, ms = ctx.timed_create(template="base")
+        r.s(f"{name}_ms").add(ms)
+        try:
+            t0 = time.monotonic()
+            sbx.commands.run("true", check=True)
+            r.s(f"{name}_first_exec_ms").add(ms_since(t0))
+        finally:
+            kill_all([sbx])
+    ctx.log(f"{name.replace('_', ' ')}: p50 {r.s(f'{name}_ms').p50:.0f} ms, first command "
+            f"{r.s(f'{name}_first_exec_ms').p50:.0f} ms")
+
+
+def step_create_without_pool(ctx: Ctx) -> None:
+    """The same creates with the warm pool off (the server restarted so): every one a restore."""
+    server = ctx.server
+    server.stop()
+    server.extra_env["SANDLOT_POOL_SIZE"] = "0"
+    server.start()
+    try:
+        _creates(ctx, "create_restore", pooled=False)
+    finally:
+        server.stop()
+        server.extra_env.pop("SANDLOT_POOL_SIZE")
+        server.start()
+
+
 def step_create_exec_files(ctx: Ctx) -> None:
     r = ctx.results
     first, ms = ctx.timed_create(template="base")  # may hydrate the template's hot files
@@ -150,15 +196,7 @@ def step_create_exec_files(ctx: Ctx) -> None:
     r.values["template_ram_file_mib_first"] = template_ram_mib(ctx)
     made = [first]
     try:
-        for _ in range(ctx.plan.creates):
-            sbx, ms = ctx.timed_create(template="base")
-            r.s("create_ms").add(ms)
-            made.append(sbx)
-            t0 = time.monotonic()
-            sbx.commands.run("true", check=True)
-            r.s("create_first_exec_ms").add(ms_since(t0))
-            kill_all([made.pop()])
-        ctx.log(f"create: p50 {r.s('create_ms').p50:.0f} ms over {r.s('create_ms').n}")
+        _creates(ctx, "create", pooled=wait_for_full_pool(ctx))
         for _ in range(3):
             first.commands.run("true", check=True)
         for _ in range(ctx.plan.execs):
@@ -425,6 +463,7 @@ def step_network(ctx: Ctx) -> None:
 STEPS: list[tuple[str, Step]] = [
     ("cold boot", step_cold_boot),
     ("create, exec, files", step_create_exec_files),
+    ("create without the warm pool", step_create_without_pool),
     ("network cost", step_network),
     ("snapshot, restore", step_snapshot_restore),
     ("snapshot of a bigger sandbox", step_big_pause),
