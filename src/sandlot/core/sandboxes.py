@@ -125,7 +125,7 @@ class SandboxManager:
         rec = self._new_record(source, req)
         if self.pool is not None and (pooled := self.pool.take(source, req)) is not None:
             try:
-                return await self._claim(pooled, rec)
+                return await self._claim(pooled, rec.model_copy())
             except SandlotError as e:  # e.g. its VM died while pooled: restore one instead
                 log.warning("pooled sandbox %s could not be claimed: %s", pooled.sandbox_id, e)
                 await self._dispose(pooled)
@@ -133,7 +133,7 @@ class SandboxManager:
         return rec
 
     async def _claim(self, live: LiveSandbox, rec: SandboxRecord) -> SandboxRecord:
-        """Give a pooled sandbox the identity `rec` asks for, and register it."""
+        """Give a pooled sandbox the identity `rec` asks for (its id aside), and register it."""
         rec.sandbox_id = live.sandbox_id  # its run dir, disk dir and namespace are named so
         rec.pid = live.machine.pid
         live.record = rec

@@ -110,17 +110,25 @@ class AgentClient:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         interval = 0.25  # grows: a busy guest answers late, an absent one not at all
-        while not fut.done():
-            await self._send({"id": rid, "op": "hello", "nonce": nonce, "proto": PROTO_VERSION})
-            if configure is not None:
-                await self._send({"id": cid, "op": "configure", **configure})
-            try:
-                await asyncio.wait_for(asyncio.shield(fut),
-                                       min(interval, max(0.01, end - loop.time())))
-            except TimeoutError:
-                if loop.time() >= end:
-                    raise
-                interval = min(2.0, interval * 2)
+        try:
+            while not fut.done():
+                await self._send({"id": rid, "op": "hello", "nonce": nonce,
+                                  "proto": PROTO_VERSION})
+                if configure is not None:
+                    await self._send({"id": cid, "op": "configure", **configure})
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut),
+                                           min(interval, max(0.01, end - loop.time())))
+                except TimeoutError:
+                    if loop.time() >= end:
+                        raise
+                    interval = min(2.0, interval * 2)
+        except BaseException:
+            # Nobody will wait for these answers any more (the caller may try a new session).
+            for key, waiter in ((rid, fut), (cid, cfut)):
+                self._waiters.pop(key, None)
+                waiter.cancel()
+            raise
         header = fut.result()
         if "error" in header:
             raise agent_error(header["error"])
