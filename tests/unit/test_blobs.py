@@ -36,6 +36,22 @@ def test_round_trip_keeps_content_and_holes(tmp_path):
     assert store.verify("snap-1").meta == {"memory_mb": 64}
 
 
+def test_allocated_zeros_are_not_stored(tmp_path):
+    """A RAM file right after a capture: every page allocated, most of them zero."""
+    src = tmp_path / "ram"
+    data = bytearray(8 << 20)
+    for offset in (0, 100_000, 3 << 20, (8 << 20) - 10):
+        data[offset : offset + 10] = os.urandom(10)
+    src.write_bytes(bytes(data))
+    store = BlobStore(tmp_path / "store")
+    info = store.put("snap-z", {"ram": src}).blobs["ram"]
+    assert sum(length for _, length in info.extents) <= 4 * (64 << 10) * 2
+    assert info.extents[0][0] == 0 and len(info.extents) == 3  # the first two blocks touch
+    store.hydrate("snap-z", {"ram": tmp_path / "out"})
+    assert (tmp_path / "out").read_bytes() == bytes(data)
+    assert (tmp_path / "out").stat().st_blocks * 512 <= 1 << 20
+
+
 def test_corrupt_or_missing_blob_is_a_storage_error(tmp_path):
     store = BlobStore(tmp_path / "store")
     store.put("snap-1", {"ram": sparse_file(tmp_path / "ram")})

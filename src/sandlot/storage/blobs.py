@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,11 @@ PAGE = 4096
 _ZERO_PAGE = bytes(PAGE)
 # Holes shorter than this are stored as data (zeros compress to nothing): fewer extents.
 MIN_HOLE = 1 << 20
+# Zero blocks this big inside the data are skipped too: a RAM file just captured has every page
+# allocated (the zero ones are given back in the background), and reading, checksumming and
+# compressing its zeros would be most of an upload's work.
+ZERO_BLOCK = 64 << 10
+_ZEROS = bytes(ZERO_BLOCK)
 # Why: a manifest is an extent list and a few checksums; anything bigger is not ours.
 MAX_MANIFEST = 16 << 20
 
@@ -96,21 +102,29 @@ class BlobStore:
         cctx = zstandard.ZstdCompressor(level=self.level, threads=self.threads)
         with open(src, "rb") as fin, open(dst, "wb") as fout:
             size = os.fstat(fin.fileno()).st_size
-            extents = data_extents(fin.fileno(), size)
+            stored_extents: list[list[int]] = []
             with cctx.stream_writer(fout, closefd=False) as writer:
-                for offset, length in extents:
+                for offset, length in data_extents(fin.fileno(), size):
                     fin.seek(offset)
                     while length > 0:
                         chunk = fin.read(min(CHUNK, length))
                         if not chunk:
                             raise StorageError(f"{src} changed while it was being stored")
-                        sha.update(chunk)
-                        writer.write(chunk)
+                        for at, piece in nonzero_pieces(chunk, offset):
+                            last = stored_extents[-1] if stored_extents else None
+                            if last is not None and last[0] + last[1] == at:
+                                last[1] += len(piece)
+                            else:
+                                stored_extents.append([at, len(piece)])
+                            sha.update(piece)
+                            writer.write(piece)
+                        offset += len(chunk)
                         length -= len(chunk)
             fout.flush()
             os.fsync(fout.fileno())
             stored = fout.tell()
-        return BlobInfo(size=size, sha256=sha.hexdigest(), stored_size=stored, extents=extents)
+        return BlobInfo(size=size, sha256=sha.hexdigest(), stored_size=stored,
+                        extents=stored_extents)
 
     def manifest(self, key: str) -> Manifest:
         path = self._dir(key) / "manifest.json"
@@ -225,6 +239,22 @@ def data_extents(fd: int, size: int) -> list[list[int]]:
     return extents
 
 
+def nonzero_pieces(chunk: bytes, offset: int) -> Iterator[tuple[int, bytes]]:
+    """(file offset, data) of the runs of `chunk` (read at `offset`) that are not whole zero
+    blocks of ZERO_BLOCK bytes."""
+    start = None
+    for i in range(0, len(chunk), ZERO_BLOCK):
+        block = chunk[i : i + ZERO_BLOCK]
+        if block == _ZEROS[: len(block)]:
+            if start is not None:
+                yield offset + start, chunk[start:i]
+                start = None
+        elif start is None:
+            start = i
+    if start is not None:
+        yield offset + start, chunk[start:]
+
+
 def _data_size(info: BlobInfo) -> int:
     return sum(length for _, length in info.extents) if info.extents is not None else info.size
 
@@ -245,7 +275,7 @@ def _write_sparse(f, chunk: bytes) -> None:
     n = len(chunk)
     i = 0
     while i < n:
-        if mv[i : i + PAGE] == _ZERO_PAGE:
+        if chunk[i : i + PAGE] == _ZERO_PAGE:  # bytes compare: memcmp, unlike memoryview's
             if start < i:
                 f.write(mv[start:i])
             f.seek(min(PAGE, n - i), os.SEEK_CUR)
