@@ -1,4 +1,5 @@
-"""Sandboxes: create (always a restore), exec, files, fork, rollback, time-to-live, kill."""
+"""Sandboxes: create (always a restore, or a claim from the warm pool), fork, rollback,
+time-to-live, network rules, kill. Commands and files in them: core/commands.py, core/files.py."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import contextlib
 import logging
 import secrets
 import shutil
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
+from sandlot.core.commands import exec_fields
 from sandlot.core.config import Settings
 from sandlot.core.models import (
     CreateSandbox,
@@ -28,7 +29,6 @@ from sandlot.core.sources import HotCache, Source
 from sandlot.core.store import MetadataStore
 from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
-    CommandTimeoutError,
     GuestError,
     InvalidArgumentError,
     InvalidStateError,
@@ -50,12 +50,6 @@ PARALLEL_RESTORES = 8
 
 def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(5)
-
-
-def _exit_code(code: int | None) -> int:
-    if code is None:
-        return -1
-    return 128 - code if code < 0 else code
 
 
 class SandboxManager:
@@ -151,7 +145,7 @@ class SandboxManager:
         rec = self._new_record(source, CreateSandbox(template=template))
         live = await self.restore_unregistered(rec, source)
         try:
-            fields = self._exec_fields(live, ExecRequest(cmd=POOL_WARM_UP)) | {"track": False}
+            fields = exec_fields(live, ExecRequest(cmd=POOL_WARM_UP)) | {"track": False}
             async for header, _ in live.agent.stream("exec", **fields):
                 if header.get("event") == "exit":
                     break
@@ -447,96 +441,6 @@ class SandboxManager:
         await self._start(rec, source)
         return rec
 
-    # ---- commands -------------------------------------------------------------------------
-
-    def _exec_fields(self, live: LiveSandbox, req: ExecRequest) -> dict:
-        return {
-            "cmd": req.cmd, "env": req.env or {}, "cwd": req.cwd or live.record.workdir,
-            "user": req.user, "timeout": req.timeout or None, "stdin": req.stdin is not None,
-        }
-
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[dict]:
-        """Run a command; yields start, stdout/stderr (bytes), then exit events.
-
-        A timeout kills the whole process group and raises CommandTimeoutError (after the
-        output that came before it).
-        """
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        payload = req.stdin.encode() if req.stdin else b""
-        async for header, data in agent.stream("exec", payload, stream=True,
-                                               **self._exec_fields(live, req)):
-            event = header.get("event")
-            if event == "start":
-                yield {"type": "start", "pid": header["pid"]}
-            elif event in ("stdout", "stderr"):
-                yield {"type": event, "data": data}
-            elif event == "exit":
-                if header.get("timed_out"):
-                    raise CommandTimeoutError(
-                        f"command timed out after {req.timeout}s; its process group was killed")
-                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
-
-    async def start_background(self, sandbox_id: str, req: ExecRequest) -> int:
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        payload = req.stdin.encode() if req.stdin else b""
-        fields = self._exec_fields(live, req) | {"stream": False, "keep_stdin": req.stdin is None}
-        reply = await agent.request("exec", payload, **fields)
-        return int(reply["pid"])
-
-    async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[dict]:
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        async for header, data in agent.stream("attach", pid=pid, replay=True):
-            event = header.get("event")
-            if event in ("stdout", "stderr"):
-                yield {"type": event, "data": data}
-            elif event == "exit":
-                if header.get("timed_out"):
-                    raise CommandTimeoutError(f"process {pid} timed out and was killed")
-                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
-
-    async def agent_call(self, sandbox_id: str, op: str, payload: bytes = b"", **fields) -> dict:
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        return await agent.request(op, payload, **fields)
-
-    # ---- files ----------------------------------------------------------------------------
-
-    async def read_file(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
-        """Open a guest file for streaming: (size, chunks). Errors raise before any byte."""
-        check_path(path)
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        events = agent.stream("read", path=path)
-        header, _ = await anext(events)
-        size = int(header.get("size", 0))
-
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for h, data in events:
-                    if h.get("event") == "data":
-                        yield data
-            finally:
-                await events.aclose()
-
-        return size, chunks()
-
-    async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
-                         user: str | None = None) -> dict:
-        check_path(path)
-        live = self.get_live(sandbox_id)
-        agent = await live.session()
-        reply = await agent.upload(path, chunks, user=user)
-        return strip_reply(reply)
-
-    async def file_op(self, sandbox_id: str, op: str, **fields) -> dict:
-        for key in ("path", "src", "dst"):
-            if key in fields:
-                check_path(fields[key])
-        return strip_reply(await self.agent_call(sandbox_id, op, **fields))
-
     # ---- shutdown -------------------------------------------------------------------------
 
     async def close(self, kill: bool) -> None:
@@ -549,15 +453,6 @@ class SandboxManager:
                     await live.agent.close()
                 await live.machine.disconnect()
         self.live.clear()
-
-
-def check_path(path: str) -> None:
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        raise InvalidArgumentError(f"path must be absolute, got {path!r}")
-
-
-def strip_reply(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
 
 def all_items_in(wanted: dict[str, str], have: dict[str, str]) -> bool:

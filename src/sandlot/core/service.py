@@ -10,7 +10,9 @@ import shutil
 import signal
 from pathlib import Path
 
+from sandlot.core.commands import Commands
 from sandlot.core.config import Settings
+from sandlot.core.files import Files
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.networking import Networking
 from sandlot.core.pool import WarmPool
@@ -43,6 +45,8 @@ class Core:
         self.snapshots = SnapshotManager(self.settings, self.db, self.hot, self.templates)
         self.sandboxes = SandboxManager(self.settings, self.db, self.hot, self.templates,
                                         self.snapshots, network=network)
+        self.commands = Commands(self.sandboxes.get_live)
+        self.files = Files(self.sandboxes.get_live)
         self._reaper: asyncio.Task | None = None
         size, names = WarmPool.settings_from_env()
         self.pool = WarmPool(make=self.sandboxes.make_pooled, discard=self.sandboxes._dispose,

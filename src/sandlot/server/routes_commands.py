@@ -25,23 +25,23 @@ class KillBody(BaseModel):
 
 @router.post("", response_model=None)
 async def run_command(sandbox_id: str, body: ExecRequest, request: Request):
-    sandboxes = core(request).sandboxes
+    commands = core(request).commands
     if body.background:
-        return {"pid": await sandboxes.start_background(sandbox_id, body)}
-    events = sandboxes.exec(sandbox_id, body)
+        return {"pid": await commands.start_background(sandbox_id, body)}
+    events = commands.exec(sandbox_id, body)
     first = await anext(events)  # errors before the process starts are plain HTTP errors
     return StreamingResponse(ndjson(first, events), media_type=NDJSON)
 
 
 @router.get("")
 async def list_commands(sandbox_id: str, request: Request) -> dict:
-    reply = await core(request).sandboxes.agent_call(sandbox_id, "ps")
+    reply = await core(request).commands.agent_call(sandbox_id, "ps")
     return {"processes": reply["processes"]}
 
 
 @router.get("/{pid}/stream")
 async def attach(sandbox_id: str, pid: int, request: Request):
-    events = core(request).sandboxes.attach(sandbox_id, pid)
+    events = core(request).commands.attach(sandbox_id, pid)
     try:
         first = await anext(events)
     except StopAsyncIteration:
@@ -51,7 +51,7 @@ async def attach(sandbox_id: str, pid: int, request: Request):
 
 @router.post("/{pid}/stdin", status_code=204)
 async def send_stdin(sandbox_id: str, pid: int, body: StdinBody, request: Request) -> Response:
-    await core(request).sandboxes.agent_call(sandbox_id, "stdin", body.data.encode(), pid=pid,
+    await core(request).commands.agent_call(sandbox_id, "stdin", body.data.encode(), pid=pid,
                                              eof=body.eof)
     return Response(status_code=204)
 
@@ -61,5 +61,5 @@ async def kill(sandbox_id: str, pid: int, request: Request, body: KillBody | Non
     sig = body.signal if body else 9
     if not 1 <= sig <= 64:
         raise InvalidArgumentError("signal must be between 1 and 64")
-    reply = await core(request).sandboxes.agent_call(sandbox_id, "kill", pid=pid, signal=sig)
+    reply = await core(request).commands.agent_call(sandbox_id, "kill", pid=pid, signal=sig)
     return {"killed": reply["killed"]}

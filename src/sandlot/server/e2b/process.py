@@ -98,7 +98,7 @@ def _end(code: int) -> dict:
 
 
 async def _follow(ctx: Envd, pid: int) -> AsyncIterator[dict]:
-    pump = EventPump(ctx.core.sandboxes.attach(ctx.sandbox_id, pid))
+    pump = EventPump(ctx.core.commands.attach(ctx.sandbox_id, pid))
     try:
         while True:
             try:
@@ -154,7 +154,7 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
                       timeout=ctx.timeout or 0,
                       # An empty stdin closes it at once; None keeps it open for SendInput.
                       stdin=None if field(msg, "stdin") else "")
-    pid = await ctx.core.sandboxes.start_background(ctx.sandbox_id, req)
+    pid = await ctx.core.commands.start_background(ctx.sandbox_id, req)
     ctx.state.remember(ctx.sandbox_id, pid, ProcessConfig(cmd, args, envs, cwd, tag))
     yield _event("start", {"pid": pid})
     async for m in _follow(ctx, pid):

@@ -92,10 +92,10 @@ class Envd:
             raise SandboxNotRunning(self.sandbox_id)
 
     async def agent(self, op: str, payload: bytes = b"", **fields) -> dict:
-        return await self.core.sandboxes.agent_call(self.sandbox_id, op, payload, **fields)
+        return await self.core.commands.agent_call(self.sandbox_id, op, payload, **fields)
 
     async def file_op(self, op: str, **fields) -> dict:
-        return await self.core.sandboxes.file_op(self.sandbox_id, op, **fields)
+        return await self.core.files.file_op(self.sandbox_id, op, **fields)
 
 
 def e2b_state(request: Request) -> E2BState:
