@@ -1,6 +1,7 @@
-"""The warm pool: a create with the template's own shape is served by a sandbox restored ahead of
-time, and gets an identity of its own (env, generation, RNG, clock, egress rules); other shapes
-are ordinary restores; pooled VMs never outlive their server."""
+"""The warm pool: a create with the template's own memory is served by a sandbox restored ahead
+of time, and gets an identity of its own (env, generation, RNG, clock, CPUs; egress rules:
+tests/vm/test_sandbox_network.py); other memory sizes are ordinary restores; pooled VMs never
+outlive their server."""
 
 from __future__ import annotations
 
@@ -44,13 +45,21 @@ def test_pooled_creates_get_identities_of_their_own(server, sandbox_factory):
     assert [s.sandbox_id for s in Sandbox.list(metadata={"k": "a"})] == [a.sandbox_id]
 
 
-def test_other_shapes_are_not_served_from_the_pool(server, sandbox_factory):
+def test_cpus_are_set_at_claim_and_other_memory_is_a_restore(server, sandbox_factory):
     with Sandlot() as client:
         before = full_pool(client)
         two = sandbox_factory(cpus=2)
-        after = pool_of(client)
-    assert after["claimed"] == before["claimed"]
+        assert pool_of(client)["claimed"] == before["claimed"] + 1
+        full_pool(client)
+        bigger = sandbox_factory(memory_mb=640)
+        assert pool_of(client)["claimed"] == before["claimed"] + 1
     assert two.commands.run("nproc").stdout == "2\n"
+    assert two.get_info().cpus == 2
+    assert mem_total_kb(bigger) - mem_total_kb(two) >= 120 * 1024  # a 128 MiB DIMM more
+
+
+def mem_total_kb(sbx: Sandbox) -> int:
+    return int(sbx.commands.run("grep MemTotal /proc/meminfo").stdout.split()[1])
 
 
 def test_pooled_vms_do_not_outlive_their_server(server_factory):

@@ -160,7 +160,7 @@ def test_no_internet(make, net_server):
         assert client.health()["pool"]["base"]["claimed"] == claimed + 1
     assert curl(box, f"http://{WEB_A}/").startswith("curl failed")
     assert box.commands.run("getent hosts svc-b.test").exit_code != 0
-    fresh = make(internet=False, cpus=2)  # not from the pool: restored without internet
+    fresh = make(internet=False, memory_mb=640)  # not from the pool: restored offline
     assert curl(fresh, f"http://{WEB_A}/").startswith("curl failed")
 
 

@@ -5,8 +5,9 @@ exchange runs (the translation cache starts empty on every restore). A pooled sa
 done that, and a warm-up command, before anyone asks: a create that finds one only gives it
 its identity (fresh entropy, generation, env, clock, egress rules) and registers it.
 
-Only creates with the template's own memory and CPUs are served from the pool; everything else,
-and every create while the pool is empty, is an ordinary restore. Pooled sandboxes are in no
+Only creates with the template's own memory are served from the pool (CPUs are onlined or
+offlined at the claim); everything else, and every create while the pool is empty, is an
+ordinary restore. Pooled sandboxes are in no
 record: after a crash they are orphans like any other and are cleaned up at the next start.
 Knobs: SANDLOT_POOL_SIZE (per template, default 2; 0 turns the pool off) and
 SANDLOT_POOL_TEMPLATES (comma-separated, default "base").
@@ -84,8 +85,7 @@ class WarmPool:
         if name not in self._entries or req.snapshot_id or source.snapshot_id:
             return None
         stats = self._stats[name]
-        shape_ok = (req.memory_mb in (None, source.memory_mb + source.dimm_mb)
-                    and req.cpus in (None, source.cpus))
+        shape_ok = req.memory_mb in (None, source.memory_mb + source.dimm_mb)  # CPUs: at claim
         entries = self._entries[name]
         while shape_ok and entries:
             entry = entries.pop(0)

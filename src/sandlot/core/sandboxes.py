@@ -132,7 +132,13 @@ class SandboxManager:
         rec.pid = live.machine.pid
         live.record = rec
         agent = await live.session()
-        await agent.configure(env=rec.env, generation=rec.generation)  # reseeds the RNG too
+        pooled_cpus = live.machine.spec.cpus
+        # Reseeds the RNG too; onlines or offlines vCPUs (QEMU always has MAX_CPUS of them).
+        await agent.configure(env=rec.env, generation=rec.generation,
+                              cpus=rec.cpus if rec.cpus != pooled_cpus else None)
+        if rec.cpus != pooled_cpus:
+            live.machine.spec = live.machine.spec.with_(cpus=rec.cpus)
+            live.machine.spec.save()
         await agent.sync_clock()
         if self.network is not None and (not rec.internet or rec.network):
             await self.network.update(rec)
