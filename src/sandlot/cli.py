@@ -244,6 +244,23 @@ def template_rm(name: str, data_dir: Path) -> None:
     click.echo(f"removed template {name}")
 
 
+@template.command("gc")
+@_data_dir_option
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@_json_option
+def template_gc(data_dir: Path, dry_run: bool, as_json: bool) -> None:
+    """Remove template builds that no template, snapshot or running sandbox uses."""
+    from sandlot.core.templates import collect_garbage
+
+    removed = collect_garbage(data_dir, dry_run=dry_run)
+    if as_json:
+        _print_json({"removed": removed, "dry_run": dry_run})
+    else:
+        verb = "would remove" if dry_run else "removed"
+        click.echo(f"{verb} {len(removed)} unused template builds"
+                   + "".join(f"\n  {name}" for name in removed))
+
+
 @cli.group(cls=_Group)
 def keys() -> None:
     """Manage API keys on this host."""

@@ -23,6 +23,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from sandlot.core.config import Settings
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import HotCache, Source
+from sandlot.core.store import MetadataStore
 from sandlot.errors import BuildError, InvalidArgumentError, NotFoundError
 from sandlot.guest.client import AgentClient
 from sandlot.images import initramfs as initramfs_mod
@@ -235,6 +236,35 @@ def build_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list[str]:
+    """Remove the template builds nothing needs any more; returns their names.
+
+    A build is kept while a template points at it, or a snapshot (creating, uploading or ready)
+    or a running sandbox of `data_dir` was made from it (their restores map its kernel,
+    initramfs and root filesystem). An images dir shared by several data dirs must be collected
+    from the one whose snapshots matter: the others' are not looked at.
+    """
+    settings = Settings.from_env(data_dir)
+    store = TemplateStore(settings)
+    if not store.builds.exists():
+        return []
+    with build_lock(store.root / ".build.lock"):  # never a build in progress
+        keep = {t.hash for t in store.list()}
+        if settings.db_path.exists():
+            db = MetadataStore(settings.db_path)
+            try:
+                keep |= {d.get("base") for d in db.snapshots(("creating", "uploading", "ready"))}
+                keep |= {d.get("base") for d in db.sandboxes(("starting", "running"))}
+            finally:
+                db.close()
+        unused = sorted(b.name for b in store.builds.iterdir()
+                        if b.is_dir() and b.name not in keep)
+        if not dry_run:
+            for name in unused:
+                shutil.rmtree(store.builds / name, ignore_errors=True)
+    return unused
+
+
 def list_templates(data_dir: Path | None = None) -> list[TemplateInfo]:
     return TemplateStore(Settings.from_env(data_dir)).list()
 
@@ -244,4 +274,4 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
 
 
 __all__ = ["TemplateStore", "build_template", "list_templates", "remove_template", "HotCache",
-           "cold_boot"]
+           "cold_boot", "collect_garbage"]
