@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -81,3 +83,23 @@ def test_200mb_round_trip(box, tmp_path):
             total += len(chunk)
     assert total == size_mb << 20 and back.hexdigest() == sha.hexdigest()
     box.files.remove("/home/user/big.bin")
+
+
+def test_a_stalled_file_reader_does_not_stall_the_sandbox(box):
+    """A client that opens a big file and stops reading holds back that file only: commands
+    and other files in the sandbox still answer, and the read finishes once resumed."""
+    size = 96 << 20  # well past the server's stream queue and the socket buffers
+    box.commands.run(f"head -c {size} /dev/zero > /root/stalled.bin; echo -n x > /tmp/x",
+                     check=True)
+    with box.files.read("/root/stalled.bin", format="stream") as stream:
+        chunks = iter(stream)
+        got = len(next(chunks))
+        time.sleep(3)  # let the file fill every buffer on its way that it can
+        answers: list[str] = []
+        worker = threading.Thread(target=lambda: answers.append(
+            box.commands.run("echo alive").stdout + box.files.read("/tmp/x")))
+        worker.start()
+        worker.join(60)
+        assert answers == ["alive\nx"], "the sandbox stalled behind an unread file"
+        got += sum(len(c) for c in chunks)
+    assert got == size

@@ -30,7 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode  # noqa: E402
 
 PORT_NAME = "org.sandlot.agent"
-CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock"]
+CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit"]
+# A `read` with `window` sends at most that many data chunks ahead of the host's `credit`
+# frames, so a slow consumer of one file holds back that file only, not the whole link.
+CREDIT_TIMEOUT = 120.0  # s without credit: the host is gone; stop reading
 # Why: output of a process nobody listens to (background, or host away) is kept for a later
 # attach, but never more than this per process; the oldest chunks are dropped first.
 MAX_BUFFERED_OUTPUT = 8 << 20
@@ -177,6 +180,33 @@ class Proc:
         }
 
 
+class ReadCredits:
+    """How many chunks a windowed read may still send; the host gives more as it consumes."""
+
+    def __init__(self, window: int) -> None:
+        self.available = window
+        self.cancelled = False
+        self.cond = threading.Condition()
+
+    def take(self) -> bool:
+        """Wait for a credit and use it; False if the host cancelled or went quiet."""
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.available > 0 or self.cancelled,
+                                    CREDIT_TIMEOUT)
+            if not ok or self.cancelled:
+                return False
+            self.available -= 1
+            return True
+
+    def give(self, n: int) -> None:
+        with self.cond:
+            if n < 0:
+                self.cancelled = True
+            else:
+                self.available += n
+            self.cond.notify()
+
+
 class Agent:
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
@@ -185,6 +215,7 @@ class Agent:
         self.env: dict[str, str] = {}
         self.generation = "0"
         self.uploads: dict[int, tuple] = {}
+        self.reads: dict[int, ReadCredits] = {}
         self.configure_lock = threading.Lock()
         self.handlers = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
@@ -199,6 +230,9 @@ class Agent:
             return
         if rid in self.uploads and op in ("chunk", "end"):
             self.upload_frame(rid, op, payload)
+            return
+        if op == "credit":
+            self.credit(rid, int(header.get("n", 0)))
             return
         fn = self.handlers.get(op)
         if fn is None:
@@ -237,6 +271,8 @@ class Agent:
                 with proc.lock:
                     proc.subscribers.clear()
         self.uploads.clear()
+        for credits in list(self.reads.values()):  # the reader of the old session is gone
+            credits.give(-1)
         return {
             "hello": {"proto": PROTO_VERSION, "caps": CAPS, "nonce": h.get("nonce")},
             "generation": self.generation,
@@ -394,15 +430,30 @@ class Agent:
         path = need_path(h)
         if os.path.isdir(path):
             raise AgentError("invalid", f"{path}: is a directory")
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            self.chan.send({"id": rid, "event": "begin", "size": size})
-            while True:
-                chunk = f.read(CHUNK_SIZE)
-                if not chunk:
-                    break
-                self.chan.send({"id": rid, "event": "data"}, chunk)
+        window = int(h.get("window") or 0)
+        credits = ReadCredits(window) if window > 0 else None
+        if credits is not None:
+            self.reads[rid] = credits
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self.chan.send({"id": rid, "event": "begin", "size": size})
+                while True:
+                    if credits is not None and not credits.take():
+                        raise AgentError("invalid", "read cancelled by the host")
+                    chunk = f.read(CHUNK_SIZE)
+                    if not chunk:
+                        break
+                    self.chan.send({"id": rid, "event": "data"}, chunk)
+        finally:
+            self.reads.pop(rid, None)
         return {"end": True}
+
+    def credit(self, rid: int, n: int) -> None:
+        """The host consumed `n` chunks of read `rid` (n < 0: it stopped reading)."""
+        credits = self.reads.get(rid)
+        if credits is not None:
+            credits.give(n)
 
     def op_write(self, rid, h, payload):
         path = need_path(h)

@@ -23,6 +23,8 @@ from sandlot.errors import (
 )
 from sandlot.guest.wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode
 
+READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
+
 _ERROR_TYPES: dict[str, type[SandlotError]] = {
     "not_found": NotFoundError,
     "invalid": InvalidArgumentError,
@@ -243,14 +245,19 @@ class AgentClient:
                      **fields) -> AsyncIterator[tuple[dict, bytes]]:
         """Send a request and yield its events until a terminal one (exit, ok or error).
 
-        A consumer that falls behind stops the connection's reader once its queue is full
-        (back-pressure reaches the guest). File reads (1 MiB chunks) get a short queue;
-        command output (at most 64 KiB an event) a long one, so one slow reader of output
-        does not stall the sandbox's other requests until it is 32 MiB behind.
+        File reads are flow-controlled per stream where the agent can (`read_credit`): it
+        sends at most READ_WINDOW chunks ahead, and each chunk the consumer takes earns one
+        more, so a slow reader of one file holds back only that file. Other streams are
+        pushed: a consumer that falls behind stops the connection's reader once its queue is
+        full, which command output (at most 64 KiB an event) reaches only 32 MiB behind.
         """
         rid = self._new_id()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=16 if op == "read" else 512)
+        credited = op == "read" and self.hello is not None and "read_credit" in self.hello.caps
+        if credited:
+            fields = {**fields, "window": READ_WINDOW}
+        queue: asyncio.Queue = asyncio.Queue(maxsize=READ_WINDOW + 8 if op == "read" else 512)
         self._streams[rid] = queue
+        done = False
         try:
             await self._send({"id": rid, "op": op, **fields}, payload)
             while True:
@@ -258,12 +265,19 @@ class AgentClient:
                 if "lost" in header:
                     raise GuestError(f"agent connection lost: {header['lost']}")
                 if "error" in header:
+                    done = True
                     raise agent_error(header["error"])
+                done = header.get("event") == "exit" or (header.get("ok") and "event" not in header)
                 yield header, data
-                if header.get("event") == "exit" or (header.get("ok") and "event" not in header):
+                if done:
                     return
+                if credited and header.get("event") == "data":
+                    await self._send({"id": rid, "op": "credit", "n": 1})
         finally:
             self._streams.pop(rid, None)
+            if credited and not done and self.alive:
+                with contextlib.suppress(GuestError):  # the consumer stopped: so does the agent
+                    await self._send({"id": rid, "op": "credit", "n": -1})
 
     async def upload(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
                      mode: int | None = None) -> dict:
