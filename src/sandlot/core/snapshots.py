@@ -165,8 +165,10 @@ class SnapshotManager:
         self._save(rec)
         return rec
 
-    async def capture(self, live: LiveSandbox, rec: SnapshotRecord) -> SnapshotRecord:
-        """Take the snapshot's memory, device state and disk; the sandbox keeps running."""
+    async def capture(self, live: LiveSandbox, rec: SnapshotRecord,
+                      pause: bool = False) -> SnapshotRecord:
+        """Take the snapshot's memory, device state and disk; the sandbox keeps running, paused
+        for milliseconds, or (`pause`, for a fork) for the whole copy, which is quicker."""
         key = rec.snapshot_id
         try:
             async with live.lock:
@@ -179,7 +181,7 @@ class SnapshotManager:
                 new_overlay = live.disk_dir / f"disk-{sb.disk_index}.qcow2"
                 result = await vmm_snapshot.capture(
                     live.machine, self.hot.dir(key), new_overlay,
-                    self.settings.run_root / f"h-{key}", f"ov{sb.disk_index}")
+                    self.settings.run_root / f"h-{key}", f"ov{sb.disk_index}", live=not pause)
                 self.on_sandbox_changed(live)
             # The guest's clock stood still during the pause: bring it back to the host's.
             try:

@@ -135,7 +135,8 @@ async def snapshot_build(settings: Settings, build: Path, spec: TemplateSpec) ->
         await warm_up(agent)
         await asyncio.sleep(0.5)
         result = await vmm_snapshot.capture(machine, work / "snap", work / "after.qcow2",
-                                            settings.run_root / f"th-{build.name[:8]}", "ov1")
+                                            settings.run_root / f"th-{build.name[:8]}", "ov1",
+                                            live=False)
     finally:
         await agent.close()
         await machine.kill()

@@ -269,6 +269,19 @@ class Machine:
     async def migrate_status(self) -> dict:
         return await self.execute("query-migrate")
 
+    async def wait_running(self, timeout: float = 60.0, poll: float = 0.001) -> None:
+        """Poll until the VM runs; a migration that fails first raises."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await self.status() != "running":
+            info = await self.migrate_status()
+            if info.get("status") in ("failed", "cancelled"):
+                raise VmmError(f"migration {info['status']}: {info.get('error-desc', '')} "
+                               f"{self.log_tail(500)}")
+            if loop.time() > deadline:
+                raise VmmError(f"the VM did not run again within {timeout}s")
+            await asyncio.sleep(poll)
+
     async def wait_migration(self, states: tuple[str, ...], timeout: float = 120.0,
                              poll: float = 0.002) -> dict:
         """Poll query-migrate until its status is one of `states`; 'failed' raises."""

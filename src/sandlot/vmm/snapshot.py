@@ -1,17 +1,23 @@
-"""Live snapshot and restore of a running machine.
+"""Snapshot and restore of a running machine.
 
-Capture (the guest keeps running; its pause is only migration's final switchover):
+Capture writes the machine's RAM into a *holder*: a never-run QEMU with the same device model,
+``-incoming``, and its RAM in a new ``share=on`` file, the snapshot's RAM file. The source is
+stopped, its disk moves to a new overlay (``blockdev-snapshot-sync``: the old overlay is frozen
+as the snapshot's disk at the RAM's instant) and it migrates to the holder in one of two ways:
 
-1. A *holder* QEMU starts with the same device model, ``-incoming``, and its RAM in a new
-   ``share=on`` file: the snapshot's RAM file.
-2. The source live-migrates its RAM to the holder (precopy, guest running). With
-   ``pause-before-switchover`` the source stops in ``pre-switchover``; there it moves its disk
-   to a new overlay (``blockdev-snapshot-sync``), freezing the old overlay as the snapshot's disk
-   at exactly the RAM's instant. Then the switchover finishes and the source continues (``cont``).
-3. The holder, never run, saves its device state with ``x-ignore-shared`` (RAM skipped: it is
-   in the file) and exits.
+- ``live=True`` (snapshots): QEMU's *background snapshot*. The device state is taken while the
+  source is stopped, its RAM is write-protected (userfaultfd), and the source runs again while
+  the RAM streams out; a page the guest writes meanwhile is copied out before the write goes
+  through. The snapshot is the instant of the stop, and the pause is the stop, not the copy.
+- ``live=False`` (forks, template builds): stop and copy. The pause is the whole copy (about
+  0.3 s for 512 MiB here), but the capture is over sooner, which is what a fork waits for.
 
-The holder's migration allocates tmpfs pages for zero pages too: `punch_zero_pages` gives them
+Not precopy: QEMU 7.2 under TCG loses pages the guest writes while a precopy migration runs (the
+same dozen kernel pages, run after run; tests/vm/test_snapshot_busy.py), so its snapshots of a
+busy guest did not boot. Neither way here depends on dirty-page tracking.
+
+The holder, never run, saves its device state with ``x-ignore-shared`` (RAM skipped: it is in
+the file) and exits. It allocates tmpfs pages for zero pages too: `punch_zero_pages` gives them
 back. It changes no byte of the file, so it is safe to run while restores map it.
 
 Restore: a new QEMU maps the snapshot RAM file ``share=off`` (MAP_PRIVATE: copy-on-write over
@@ -35,10 +41,8 @@ from sandlot.vmm.machine import NO_NETWORK, Machine, MachineSpec
 
 MIGRATE_PARAMS = {
     "max-bandwidth": 64 << 30,  # unthrottled: the stream is a local unix socket
-    "downtime-limit": 20,  # ms; the switchover is when the guest is paused
-    # No multifd: ~15% faster here, but QEMU 7.2's multifd has had page-loss fixes since, and a
-    # snapshot that silently misses pages is far worse than a slower one.
 }
+POPULATE_CHUNK = 8 << 20
 
 
 @dataclass
@@ -52,12 +56,12 @@ class CaptureResult:
 
 
 async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir: Path,
-                  node_name: str) -> CaptureResult:
+                  node_name: str, *, live: bool = True) -> CaptureResult:
     """Snapshot `source` into `out_dir` (ram, devstate); its disk moves to `new_overlay`.
 
-    Returns the frozen disk path (the source's previous overlay). On failure the source is left
-    running on its previous disk; nothing is written under `out_dir` but partial files the
-    caller discards.
+    `live`: background snapshot (the source pauses for milliseconds); else stop and copy. On
+    failure the source runs again (on the new overlay if it got that far); nothing is written
+    under `out_dir` but partial files the caller discards.
     """
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,14 +84,19 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
         await holder.execute("migrate-set-parameters", MIGRATE_PARAMS)
         await holder.execute("migrate-incoming", {"uri": f"unix:{sock}"})
         await source.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "pause-before-switchover", "state": True},
+            {"capability": "pause-before-switchover", "state": False},
             {"capability": "x-ignore-shared", "state": False},
+            {"capability": "background-snapshot", "state": live},
         ]})
         await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
-        await source.execute("migrate", {"uri": f"unix:{sock}"})
+        if live:
+            # Write-protecting RAM needs its pages mapped; QEMU maps the missing ones while
+            # the source is stopped. Map them now, while it runs, so the pause does not grow
+            # with RAM size.
+            await asyncio.to_thread(populate_ram, source)
+        paused_at = time.monotonic()
+        await source.execute("stop")
         try:
-            await source.wait_migration(("pre-switchover",), timeout=300)
-            paused_at = time.monotonic()
             await source.execute("blockdev-snapshot-sync", {
                 "node-name": source.top_node, "snapshot-file": str(new_overlay),
                 "snapshot-node-name": node_name, "format": "qcow2",
@@ -95,19 +104,23 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             source.top_node = node_name
             source.spec = source.spec.with_(disk=new_overlay)
             source.spec.save()
-            await source.execute("migrate-continue", {"state": "pre-switchover"})
-            await source.wait_migration(("completed",), timeout=60)
+            await source.execute("migrate", {"uri": f"unix:{sock}"})
+            if live:  # QEMU runs the source again once its RAM is write-protected
+                await source.wait_running(timeout=60)
+                resumed_at = time.monotonic()
+            await source.wait_migration(("completed",), timeout=300)
         except BaseException:
             with contextlib.suppress(VmmError):
                 await source.execute("migrate_cancel")
             raise
         finally:
-            if await source.status() != "running":
-                await source.execute("cont")
-            resumed_at = time.monotonic()
+            with contextlib.suppress(VmmError):
+                if await source.status() != "running":
+                    await source.execute("cont")
+            resumed_at = resumed_at or time.monotonic()
             with contextlib.suppress(VmmError):
                 await source.execute("migrate-set-capabilities", {"capabilities": [
-                    {"capability": "pause-before-switchover", "state": False}]})
+                    {"capability": "background-snapshot", "state": False}]})
         await holder.wait_incoming(timeout=60)
         await holder.execute("migrate-set-capabilities", {"capabilities": [
             {"capability": "x-ignore-shared", "state": True}]})
@@ -122,6 +135,24 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
                          disk=frozen_disk,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000)
+
+
+def populate_ram(machine: Machine) -> None:
+    """Map every page of the machine's RAM files in its QEMU process (by reading them through
+    /proc/<pid>/mem); the guest sees nothing of it."""
+    paths = {str(p) for p in (machine.spec.ram_path, machine.spec.dimm_path) if p is not None}
+    buf = bytearray(POPULATE_CHUNK)
+    try:
+        with open(f"/proc/{machine.pid}/maps") as maps:
+            ranges = [tuple(int(x, 16) for x in line.split()[0].split("-"))
+                      for line in maps if line.split()[-1] in paths]
+        with open(f"/proc/{machine.pid}/mem", "rb", buffering=0) as mem:
+            for start, end in ranges:
+                for offset in range(start, end, POPULATE_CHUNK):
+                    mem.seek(offset)
+                    mem.readinto(memoryview(buf)[: min(POPULATE_CHUNK, end - offset)])
+    except OSError:
+        pass  # an optimisation only: QEMU maps what is missing itself
 
 
 async def punch_zero_pages(path: Path) -> None:
