@@ -89,18 +89,27 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             {"capability": "background-snapshot", "state": live},
         ]})
         await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
+        # The new overlay is made and opened now; in the pause it only goes on top.
+        await create_overlay(new_overlay, frozen_disk, "qcow2", await _disk_size(source))
+        await source.execute("blockdev-add", {
+            "driver": "qcow2", "node-name": node_name, "backing": None,
+            "file": {"driver": "file", "filename": str(new_overlay), "aio": "threads"},
+        })
         if live:
             # Write-protecting RAM needs its pages mapped; QEMU maps the missing ones while
-            # the source is stopped. Map them now, while it runs, so the pause does not grow
-            # with RAM size.
+            # the source is stopped. Map them now, while it runs, so the pause stays short.
             await asyncio.to_thread(populate_ram, source)
         paused_at = time.monotonic()
         await source.execute("stop")
         try:
-            await source.execute("blockdev-snapshot-sync", {
-                "node-name": source.top_node, "snapshot-file": str(new_overlay),
-                "snapshot-node-name": node_name, "format": "qcow2",
-            })
+            try:
+                await source.execute("blockdev-snapshot", {
+                    "node": source.top_node, "overlay": node_name})
+            except BaseException:
+                with contextlib.suppress(VmmError):
+                    await source.execute("blockdev-del", {"node-name": node_name})
+                new_overlay.unlink(missing_ok=True)
+                raise
             source.top_node = node_name
             source.spec = source.spec.with_(disk=new_overlay)
             source.spec.save()
@@ -137,15 +146,32 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
                          total_ms=(time.monotonic() - t0) * 1000)
 
 
+async def _disk_size(machine: Machine) -> int:
+    """The virtual size of the machine's disk."""
+    for dev in await machine.execute("query-block"):
+        inserted = dev.get("inserted")
+        if inserted and inserted.get("node-name") == machine.top_node:
+            return int(inserted["image"]["virtual-size"])
+    raise VmmError(f"no disk node {machine.top_node!r} in the VM")
+
+
 def populate_ram(machine: Machine) -> None:
     """Map every page of the machine's RAM files in its QEMU process (by reading them through
     /proc/<pid>/mem); the guest sees nothing of it."""
-    paths = {str(p) for p in (machine.spec.ram_path, machine.spec.dimm_path) if p is not None}
+    spec = machine.spec
+    paths = {str(p) for p in (spec.ram_path, spec.dimm_path) if p is not None}
+    # A DIMM without a file (hotplugged on restore) is the anonymous mapping of its size.
+    anonymous_size = spec.dimm_mb << 20 if spec.dimm_mb and spec.dimm_path is None else None
     buf = bytearray(POPULATE_CHUNK)
     try:
+        ranges = []
         with open(f"/proc/{machine.pid}/maps") as maps:
-            ranges = [tuple(int(x, 16) for x in line.split()[0].split("-"))
-                      for line in maps if line.split()[-1] in paths]
+            for line in maps:
+                fields = line.split()
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if (fields[-1] in paths if len(fields) >= 6
+                        else end - start == anonymous_size):
+                    ranges.append((start, end))
         with open(f"/proc/{machine.pid}/mem", "rb", buffering=0) as mem:
             for start, end in ranges:
                 for offset in range(start, end, POPULATE_CHUNK):
