@@ -3,7 +3,8 @@
 Environment: SANDLOT_DATA_DIR (metadata, disks, snapshot store; default /var/lib/sandlot),
 SANDLOT_IMAGES_DIR (templates; default <data>/images), SANDLOT_STORE_DIR (snapshot blobs;
 default <data>/store), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so
-several servers can share a host), SANDLOT_ACCEL (kvm|tcg).
+several servers can share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and
+SANDLOT_POOL_TEMPLATES (the warm pool, core/pool.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("SANDLOT_DATA_DIR") or DEFAULT_DATA_DIR)
 
 
+def _int_env(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 @dataclass(frozen=True)
 class Settings:
     """Paths and defaults. `images_dir` may be shared by several data dirs (tests do this)."""
@@ -34,6 +42,8 @@ class Settings:
     default_timeout: int = 300
     max_timeout: int = 24 * 3600
     reap_interval: float = 1.0
+    pool_size: int = 2  # warm pool: sandboxes kept restored per template (core/pool.py); 0: off
+    pool_templates: tuple[str, ...] = ("base",)
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -43,9 +53,11 @@ class Settings:
         run_root = Path("/run/sandlot" + (f"-{tag}" if tag else ""))
         shm_root = Path("/dev/shm/sandlot" + (f"-{tag}" if tag else ""))
         store = os.environ.get("SANDLOT_STORE_DIR")
+        pool = os.environ.get("SANDLOT_POOL_TEMPLATES", "base")
         return cls(data_dir=data, images_dir=Path(images) if images else None,
                    store_path=Path(store) if store else None, run_root=run_root,
-                   shm_root=shm_root)
+                   shm_root=shm_root, pool_size=_int_env("SANDLOT_POOL_SIZE", 2),
+                   pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()))
 
     @property
     def images(self) -> Path:

@@ -7,10 +7,9 @@ its identity (fresh entropy, generation, env, clock, egress rules) and registers
 
 Only creates with the template's own memory are served from the pool (CPUs are onlined or
 offlined at the claim); everything else, and every create while the pool is empty, is an
-ordinary restore. Pooled sandboxes are in no
-record: after a crash they are orphans like any other and are cleaned up at the next start.
-Knobs: SANDLOT_POOL_SIZE (per template, default 2; 0 turns the pool off) and
-SANDLOT_POOL_TEMPLATES (comma-separated, default "base").
+ordinary restore. Pooled sandboxes are in no record: after a crash they are orphans like
+any other and are cleaned up at the next start. Settings (core/config.py): SANDLOT_POOL_SIZE
+(per template, default 2; 0 turns the pool off), SANDLOT_POOL_TEMPLATES (default "base").
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -29,7 +27,6 @@ from sandlot.errors import SandlotError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIZE = 2
 REFILL_DELAY = 0.25  # s after a claim: the claimed sandbox's first commands go first
 RETRY_DELAYS = (1.0, 5.0, 30.0)
 
@@ -37,7 +34,7 @@ RETRY_DELAYS = (1.0, 5.0, 30.0)
 @dataclass
 class PoolStats:
     size: int
-    ready: int = 0
+    ready: int = 0  # filled in by `stats()`
     claimed: int = 0
     misses: int = 0
     failures: int = 0
@@ -56,20 +53,11 @@ class WarmPool:
     make: Callable[[str], Awaitable[tuple[LiveSandbox, Source]]]  # restore one, unregistered
     discard: Callable[[LiveSandbox], Awaitable[None]]
     templates: tuple[str, ...] = ("base",)
-    size: int = DEFAULT_SIZE
+    size: int = 2
     _entries: dict[str, list[_Entry]] = field(default_factory=dict)
     _stats: dict[str, PoolStats] = field(default_factory=dict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task | None = None
-
-    @classmethod
-    def settings_from_env(cls) -> tuple[int, tuple[str, ...]]:
-        try:
-            size = int(os.environ.get("SANDLOT_POOL_SIZE", DEFAULT_SIZE))
-        except ValueError:
-            size = DEFAULT_SIZE
-        names = os.environ.get("SANDLOT_POOL_TEMPLATES", "base")
-        return max(0, size), tuple(n.strip() for n in names.split(",") if n.strip())
 
     def start(self) -> None:
         for name in self.templates:
@@ -91,12 +79,10 @@ class WarmPool:
             entry = entries.pop(0)
             if entry.source_key == source.key and not entry.live.machine.exited:
                 stats.claimed += 1
-                stats.ready = len(entries)
                 self._refill_soon()
                 return entry.live
             self._spawn_discard(entry.live)  # a template rebuilt since, or a dead VM
         stats.misses += 1
-        stats.ready = len(entries)
         self._refill_soon()
         return None
 
@@ -104,9 +90,6 @@ class WarmPool:
         for name, entries in self._entries.items():
             self._stats[name].ready = len(entries)
         return {name: vars(s).copy() for name, s in self._stats.items()}
-
-    def pids(self) -> set[int]:
-        return {e.live.machine.pid for entries in self._entries.values() for e in entries}
 
     async def close(self) -> None:
         if self._task is not None:

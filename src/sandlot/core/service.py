@@ -48,9 +48,10 @@ class Core:
         self.commands = Commands(self.sandboxes.get_live)
         self.files = Files(self.sandboxes.get_live)
         self._reaper: asyncio.Task | None = None
-        size, names = WarmPool.settings_from_env()
+        s = self.settings
         self.pool = WarmPool(make=self.sandboxes.make_pooled, discard=self.sandboxes._dispose,
-                             templates=names, size=size) if size and names else None
+                             templates=s.pool_templates, size=s.pool_size,
+                             ) if s.pool_size and s.pool_templates else None
         self.sandboxes.pool = self.pool
 
     async def start(self) -> None:

@@ -11,8 +11,6 @@ Layout under the images dir::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import hashlib
 import shutil
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from sandlot import filelock
 from sandlot.core.config import Settings
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import HotCache, Source
@@ -184,7 +183,8 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
     spec = resolve_spec(spec_or_name)
     store = TemplateStore(settings)
     store.root.mkdir(parents=True, exist_ok=True)
-    with build_lock(store.root / ".build.lock"), \
+    # One build at a time per images dir, across processes.
+    with filelock.exclusive(store.root / ".build.lock"), \
             Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                      disable=quiet, transient=False) as progress:
         step = progress.add_task(f"template {spec.name}: kernel", total=None)
@@ -226,17 +226,6 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
     return info
 
 
-@contextlib.contextmanager
-def build_lock(path: Path):
-    """One template build at a time per images dir, across processes."""
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list[str]:
     """Remove the template builds nothing needs any more; returns their names.
 
@@ -249,7 +238,7 @@ def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list
     store = TemplateStore(settings)
     if not store.builds.exists():
         return []
-    with build_lock(store.root / ".build.lock"):  # never a build in progress
+    with filelock.exclusive(store.root / ".build.lock"):  # never a build in progress
         keep = {t.hash for t in store.list()}
         if settings.db_path.exists():
             db = MetadataStore(settings.db_path)

@@ -27,7 +27,8 @@ READABLE_VERSIONS = (1, 2)
 CHUNK = 1 << 20
 PAGE = 4096
 _ZERO_PAGE = bytes(PAGE)
-# Holes shorter than this are stored as data (zeros compress to nothing): fewer extents.
+# Holes shorter than this are read through (fewer seeks on a fragmented RAM file); their zero
+# blocks are then skipped like any others (ZERO_BLOCK).
 MIN_HOLE = 1 << 20
 # Zero blocks this big inside the data are skipped too: a RAM file just captured has every page
 # allocated (the zero ones are given back in the background), and reading, checksumming and

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import ipaddress
 import json
 import logging
@@ -53,6 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sandlot import filelock
 from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
 
 __all__ = [
@@ -302,18 +302,6 @@ def _owned_id(rest: str) -> bool:
     return "." not in rest and bool(_ID_RE.fullmatch(rest))
 
 
-@contextlib.contextmanager
-def _host_lock():
-    """An exclusive lock shared by every sandlot process on the host."""
-    os.makedirs(os.path.dirname(HOST_LOCK), exist_ok=True)
-    with open(HOST_LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _existing_namespaces(prefix: str = NETNS_PREFIX) -> set[str]:
     """Sandbox ids of the namespaces named `prefix` + id (another owner's do not match)."""
     try:
@@ -376,7 +364,7 @@ class NetworkManager:
             self._remove([(sandbox_id, None)])  # left over by a crashed process
         # Slots are host-wide (veth names, and the pool when servers share it): the host veth
         # that marks a slot taken is created under a lock every sandlot process takes.
-        with self._lock, _host_lock():
+        with self._lock, filelock.exclusive(HOST_LOCK):
             if sandbox_id in self._nets:
                 raise InvalidStateError(f"network of {sandbox_id} is already set up")
             taken = set(_existing_slots()) | self._reserved

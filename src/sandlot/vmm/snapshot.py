@@ -1,9 +1,10 @@
 """Snapshot and restore of a running machine.
 
 Capture writes the machine's RAM into a *holder*: a never-run QEMU with the same device model,
-``-incoming``, and its RAM in a new ``share=on`` file, the snapshot's RAM file. The source is
-stopped, its disk moves to a new overlay (``blockdev-snapshot-sync``: the old overlay is frozen
-as the snapshot's disk at the RAM's instant) and it migrates to the holder in one of two ways:
+``-incoming``, and its RAM in a new ``share=on`` file, the snapshot's RAM file. The source's
+next disk overlay is created and opened (``blockdev-add``); then the source is stopped, the
+overlay goes on top (``blockdev-snapshot``: the old one is frozen as the snapshot's disk at the
+RAM's instant) and the source migrates to the holder in one of two ways:
 
 - ``live=True`` (snapshots): QEMU's *background snapshot*. The device state is taken while the
   source is stopped, its RAM is write-protected (userfaultfd), and the source runs again while
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -70,15 +70,23 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     devstate = out_dir / "devstate"
     holder_dir.mkdir(parents=True, exist_ok=True)
     holder_disk = holder_dir / "disk.qcow2"
-    size = os.path.getsize(frozen_disk)  # placeholder size; the holder never runs
-    await create_overlay(holder_disk, frozen_disk, "qcow2", max(size, 1 << 20))
+    size = await _disk_size(source)
+    # The holder's disk, and the source's next overlay: made now, so the pause only stacks it.
+    await asyncio.gather(create_overlay(holder_disk, frozen_disk, "qcow2", size),
+                         create_overlay(new_overlay, frozen_disk, "qcow2", size))
     holder_spec = source.spec.with_(
         run_dir=holder_dir, disk=holder_disk, ram_path=ram, ram_share=True, incoming=True,
         netdev=NO_NETWORK, exec_prefix=(),
         dimm_path=out_dir / "ram.dimm" if source.spec.dimm_mb else None,
     )
-    holder = await Machine.launch(holder_spec)
+    try:
+        holder = await Machine.launch(holder_spec)
+    except BaseException:
+        new_overlay.unlink(missing_ok=True)
+        shutil.rmtree(holder_dir, ignore_errors=True)
+        raise
     paused_at = resumed_at = 0.0
+    stacked = False
     try:
         sock = holder_dir / "mig.sock"
         await holder.execute("migrate-set-parameters", MIGRATE_PARAMS)
@@ -89,8 +97,6 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             {"capability": "background-snapshot", "state": live},
         ]})
         await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
-        # The new overlay is made and opened now; in the pause it only goes on top.
-        await create_overlay(new_overlay, frozen_disk, "qcow2", await _disk_size(source))
         await source.execute("blockdev-add", {
             "driver": "qcow2", "node-name": node_name, "backing": None,
             "file": {"driver": "file", "filename": str(new_overlay), "aio": "threads"},
@@ -102,14 +108,9 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
         paused_at = time.monotonic()
         await source.execute("stop")
         try:
-            try:
-                await source.execute("blockdev-snapshot", {
-                    "node": source.top_node, "overlay": node_name})
-            except BaseException:
-                with contextlib.suppress(VmmError):
-                    await source.execute("blockdev-del", {"node-name": node_name})
-                new_overlay.unlink(missing_ok=True)
-                raise
+            await source.execute("blockdev-snapshot", {
+                "node": source.top_node, "overlay": node_name})
+            stacked = True
             source.top_node = node_name
             source.spec = source.spec.with_(disk=new_overlay)
             source.spec.save()
@@ -135,8 +136,14 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             {"capability": "x-ignore-shared", "state": True}]})
         await holder.execute("migrate", {"uri": f"exec:cat > {devstate}"})
         await holder.wait_migration(("completed",), timeout=60)
-    except VmmError as e:
-        raise VmmError(f"{e.message} (holder: {holder.log_tail(600) or 'no output'})") from e
+    except BaseException as e:
+        if not stacked:  # the source stays on its disk: drop the overlay it did not take
+            with contextlib.suppress(VmmError):
+                await source.execute("blockdev-del", {"node-name": node_name})
+            new_overlay.unlink(missing_ok=True)
+        if isinstance(e, VmmError):
+            raise VmmError(f"{e.message} (holder: {holder.log_tail(600) or 'no output'})") from e
+        raise
     finally:
         await holder.kill()
         shutil.rmtree(holder_dir, ignore_errors=True)
