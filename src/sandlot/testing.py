@@ -1,12 +1,18 @@
-"""A real sandlot server in a subprocess, for tests and benchmarks.
+"""Servers for tests and benchmarks.
 
-Each `ServerProcess` has its own data dir, port, API key and instance name (so its run
-directory, tmpfs files and network namespaces are its own), and shares the images `make setup`
-built. It can be stopped and started again (same data dir and port), e.g. to test recovery.
+`ServerProcess`: a real sandlot server in a subprocess. Each has its own data dir, port, API key
+and instance name (so its run directory, tmpfs files and network namespaces are its own), and
+shares the images `make setup` built. It can be stopped and started again (same data dir and
+port), e.g. to test recovery.
+
+`InProcess`: the real app and core on the fake machine layer (runtime/fake.py), served in the
+test's own process through httpx transports: the SDKs run against it with no VM and no socket.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -14,12 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from sandlot.config import Settings
 from sandlot.vmm.processes import qemus_under
 
 IMAGES_DIR = Path(os.environ.get("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images"))
@@ -114,7 +122,7 @@ class ServerProcess:
 
 def remove_networks(instance: str) -> None:
     """Remove the network namespaces, veths and rules a server of `instance` left."""
-    from sandlot.core.networking import network_owner
+    from sandlot.runtime.network import network_owner
     from sandlot.vmm.network import NetworkManager
 
     if os.geteuid() != 0 or not shutil.which("nft"):
@@ -124,3 +132,102 @@ def remove_networks(instance: str) -> None:
             set())
     except Exception:  # noqa: BLE001 - best effort: the next server of that name cleans too
         pass
+
+
+# ---- in process, on the fake machine layer ----------------------------------------------
+
+
+def fake_settings(root: Path, **overrides) -> Settings:
+    """Settings whose every path is under `root`, with no warm pool."""
+    return Settings(data_dir=root / "data", images_dir=root / "images", run_root=root / "run",
+                    shm_root=root / "shm", accel="tcg", pool_size=0, **overrides)
+
+
+def install_fake_template(settings: Settings, runtime, name: str = "base",
+                          memory_mb: int = 512, cpus: int = 1,
+                          env: dict[str, str] | None = None) -> None:
+    """A template index entry whose image the fake runtime restores (an empty guest)."""
+    from sandlot.core.models import TemplateInfo
+
+    machine = runtime.describe(memory_mb, cpus)
+    info = TemplateInfo(name=name, hash=f"fake{name}", memory_mb=memory_mb, cpus=cpus,
+                        env=env or {}, device_model=machine.device_model,
+                        machine=machine.to_dict())
+    index = settings.images / "templates"
+    index.mkdir(parents=True, exist_ok=True)
+    (index / f"{name}.json").write_text(info.model_dump_json())
+
+
+@dataclass
+class InProcess:
+    """The app on a `FakeRuntime`, its API key, and transports the SDKs take."""
+
+    app: object
+    runtime: object
+    key: str
+    url: str = "http://sandlot.test"
+
+    @property
+    def core(self):
+        return self.app.state.core
+
+    def client_kwargs(self) -> dict[str, str]:
+        return {"api_url": self.url, "api_key": self.key}
+
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        return httpx.ASGITransport(self.app)
+
+
+def _fake_app(root: Path, **settings) -> tuple[object, object]:
+    from sandlot.runtime.fake import FakeRuntime
+    from sandlot.server.app import create_app
+
+    runtime = FakeRuntime()
+    s = fake_settings(root, **settings)
+    install_fake_template(s, runtime)
+    return create_app(s, runtime=runtime), runtime
+
+
+@contextlib.asynccontextmanager
+async def in_process(root: Path, **settings):
+    """`async with in_process(tmp_path) as srv`: the app started (and stopped after)."""
+    app, runtime = _fake_app(root, **settings)
+    async with app.router.lifespan_context(app):
+        srv = InProcess(app=app, runtime=runtime, key="sl_test_" + secrets.token_hex(8))
+        srv.core.db.add_key(srv.key)
+        yield srv
+
+
+class ThreadedTransport(httpx.BaseTransport):
+    """A sync transport to an ASGI app running on an event loop of its own thread (lifespan
+    included): what a sync SDK client needs to reach an in-process app."""
+
+    def __init__(self, root: Path, **settings) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self._cm = in_process(root, **settings)
+        self.server: InProcess = self._call(self._cm.__aenter__())
+        self._inner = self.server.async_transport()
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+
+        async def send() -> tuple[int, list, bytes]:
+            forwarded = httpx.Request(request.method, request.url, headers=request.headers,
+                                      content=body, extensions=request.extensions)
+            response = await self._inner.handle_async_request(forwarded)
+            content = await response.aread()
+            return response.status_code, response.headers.multi_items(), content
+
+        status, headers, content = self._call(send())
+        return httpx.Response(status, headers=headers, content=content)
+
+    def shutdown(self) -> None:
+        """Stop the app and its loop (not `close`: httpx closes transports with clients)."""
+        self._call(self._cm.__aexit__(None, None, None))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -14,6 +14,7 @@ from e2b.envd.filesystem import filesystem_pb
 from e2b.envd.process import process_pb
 from protobuf import Oneof
 
+from sandlot.core.models import FileInfo
 from sandlot.errors import (
     CommandTimeoutError,
     ConflictError,
@@ -77,16 +78,16 @@ def test_envelopes():
 
 
 def test_shapes_decode_with_the_sdk_protobufs():
-    entry = convert.entry_info({"name": "x", "path": "/home/user/x", "type": "symlink",
-                                "size": 5, "mode": 0o777, "owner": "user",
-                                "mtime": 1_700_000_000.5, "target": "/etc/hosts"})
+    entry = convert.entry_info(FileInfo(name="x", path="/home/user/x", type="symlink",
+                                        size=5, mode=0o777, owner="user",
+                                        mtime=1_700_000_000.5, target="/etc/hosts"))
     info = filesystem_pb.EntryInfo.from_json(json.dumps(entry))
     assert info.type == filesystem_pb.FileType.SYMLINK and info.symlink_target == "/etc/hosts"
     assert (info.size, info.mode, info.permissions) == (5, 0o777, "Lrwxrwxrwx")
     assert info.modified_time.to_datetime().timestamp() == 1_700_000_000.5
     d = filesystem_pb.EntryInfo.from_json(json.dumps(convert.entry_info(
-        {"name": "d", "path": "/d", "type": "dir", "size": 4096, "mode": 0o755,
-         "owner": "root", "mtime": 0})))
+        FileInfo(name="d", path="/d", type="dir", size=4096, mode=0o755, owner="root",
+                 mtime=0))))
     assert d.type == filesystem_pb.FileType.DIRECTORY and d.permissions == "drwxr-xr-x"
 
     start = process_pb.StartResponse.from_json(json.dumps(process._event("start", {"pid": 9})))

@@ -1,21 +1,16 @@
 """Commands in a running sandbox: run with streamed output, start in the background, attach,
-and the agent's other process operations (ps, stdin, kill)."""
+list, stdin, signals."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from sandlot.core.models import ExecRequest
-from sandlot.core.runtime import LiveSandbox
+from sandlot.core.live import LiveSandbox
+from sandlot.core.models import ExecRequest, ProcessInfo
 from sandlot.errors import CommandTimeoutError
+from sandlot.runtime.base import ExecEvent, Exited, Output, Started
 
-
-def exec_fields(live: LiveSandbox, req: ExecRequest) -> dict:
-    """The agent's `exec` fields for a request (cwd defaults to the template's workdir)."""
-    return {
-        "cmd": req.cmd, "env": req.env or {}, "cwd": req.cwd or live.record.workdir,
-        "user": req.user, "timeout": req.timeout or None, "stdin": req.stdin is not None,
-    }
+__all__ = ["Commands", "ExecEvent", "Exited", "Output", "Started"]
 
 
 def _exit_code(code: int | None) -> int:
@@ -29,49 +24,54 @@ class Commands:
     def __init__(self, live_of: Callable[[str], LiveSandbox]) -> None:
         self.live_of = live_of  # a running sandbox by id, or NotFoundError
 
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[dict]:
-        """Run a command; yields start, stdout/stderr (bytes), then exit events.
+    async def run(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """Run a command: Started, Output..., Exited (exit code 128 + n for signal n).
 
         A timeout kills the whole process group and raises CommandTimeoutError (after the
         output that came before it).
         """
         live = self.live_of(sandbox_id)
-        agent = await live.session()
-        payload = req.stdin.encode() if req.stdin else b""
-        async for header, data in agent.stream("exec", payload, stream=True,
-                                               **exec_fields(live, req)):
-            event = header.get("event")
-            if event == "start":
-                yield {"type": "start", "pid": header["pid"]}
-            elif event in ("stdout", "stderr"):
-                yield {"type": event, "data": data}
-            elif event == "exit":
-                if header.get("timed_out"):
-                    raise CommandTimeoutError(
-                        f"command timed out after {req.timeout}s; its process group was killed")
-                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
+        guest = await live.guest()
+        events = guest.exec(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
+                            user=req.user, timeout=req.timeout,
+                            stdin=req.stdin.encode() if req.stdin is not None else None)
+        async for event in events:
+            if isinstance(event, Exited):
+                if event.timed_out:
+                    raise CommandTimeoutError(f"command timed out after {req.timeout}s; its "
+                                              "process group was killed")
+                yield Exited(_exit_code(event.exit_code), False)
+            else:
+                yield event
 
-    async def start_background(self, sandbox_id: str, req: ExecRequest) -> int:
+    async def start(self, sandbox_id: str, req: ExecRequest) -> int:
+        """Start a command in the background; its pid."""
         live = self.live_of(sandbox_id)
-        agent = await live.session()
-        payload = req.stdin.encode() if req.stdin else b""
-        fields = exec_fields(live, req) | {"stream": False, "keep_stdin": req.stdin is None}
-        reply = await agent.request("exec", payload, **fields)
-        return int(reply["pid"])
+        guest = await live.guest()
+        return await guest.start(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
+                                 user=req.user, timeout=req.timeout,
+                                 stdin=req.stdin.encode() if req.stdin is not None else None)
 
-    async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[dict]:
-        live = self.live_of(sandbox_id)
-        agent = await live.session()
-        async for header, data in agent.stream("attach", pid=pid, replay=True):
-            event = header.get("event")
-            if event in ("stdout", "stderr"):
-                yield {"type": event, "data": data}
-            elif event == "exit":
-                if header.get("timed_out"):
+    async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
+        """A process's buffered output, its live output, then its end."""
+        guest = await self.live_of(sandbox_id).guest()
+        async for event in guest.attach(pid, replay=True):
+            if isinstance(event, Exited):
+                if event.timed_out:
                     raise CommandTimeoutError(f"process {pid} timed out and was killed")
-                yield {"type": "exit", "exit_code": _exit_code(header.get("exit_code"))}
+                yield Exited(_exit_code(event.exit_code), False)
+            else:
+                yield event
 
-    async def agent_call(self, sandbox_id: str, op: str, payload: bytes = b"", **fields) -> dict:
-        live = self.live_of(sandbox_id)
-        agent = await live.session()
-        return await agent.request(op, payload, **fields)
+    async def list(self, sandbox_id: str, all: bool = False) -> list[ProcessInfo]:
+        """Processes commands started (running ones, or `all`)."""
+        guest = await self.live_of(sandbox_id).guest()
+        return [ProcessInfo(**vars(p)) for p in await guest.processes(all=all)]
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False
+                         ) -> None:
+        await (await self.live_of(sandbox_id).guest()).send_stdin(pid, data, eof)
+
+    async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> bool:
+        """Signal a process's group; False if it had already exited."""
+        return await (await self.live_of(sandbox_id).guest()).kill(pid, signal)

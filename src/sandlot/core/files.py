@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 
-from sandlot.core.runtime import LiveSandbox
+from sandlot.core.live import LiveSandbox
+from sandlot.core.models import FileInfo, MkdirResult
 from sandlot.errors import InvalidArgumentError
 
 
@@ -13,44 +15,43 @@ def check_path(path: str) -> None:
         raise InvalidArgumentError(f"path must be absolute, got {path!r}")
 
 
-def strip_reply(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+def _info(entry) -> FileInfo:
+    return FileInfo(**asdict(entry))
 
 
 class Files:
     def __init__(self, live_of: Callable[[str], LiveSandbox]) -> None:
         self.live_of = live_of  # a running sandbox by id, or NotFoundError
 
-    async def read_file(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
-        """Open a guest file for streaming: (size, chunks). Errors raise before any byte."""
-        check_path(path)
-        live = self.live_of(sandbox_id)
-        agent = await live.session()
-        events = agent.stream("read", path=path)
-        header, _ = await anext(events)
-        size = int(header.get("size", 0))
+    async def _guest(self, sandbox_id: str, *paths: str):
+        for path in paths:
+            check_path(path)
+        return await self.live_of(sandbox_id).guest()
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for h, data in events:
-                    if h.get("event") == "data":
-                        yield data
-            finally:
-                await events.aclose()
+    async def read(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
+        """Open a file for streaming: (size, chunks). Errors raise before any byte."""
+        return await (await self._guest(sandbox_id, path)).read(path)
 
-        return size, chunks()
+    async def write(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
+                    user: str | None = None) -> FileInfo:
+        return _info(await (await self._guest(sandbox_id, path)).write(path, chunks, user=user))
 
-    async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
-                         user: str | None = None) -> dict:
-        check_path(path)
-        live = self.live_of(sandbox_id)
-        agent = await live.session()
-        reply = await agent.upload(path, chunks, user=user)
-        return strip_reply(reply)
+    async def list(self, sandbox_id: str, path: str, depth: int = 1) -> list[FileInfo]:
+        guest = await self._guest(sandbox_id, path)
+        return [_info(e) for e in await guest.list_dir(path, depth)]
 
-    async def file_op(self, sandbox_id: str, op: str, **fields) -> dict:
-        for key in ("path", "src", "dst"):
-            if key in fields:
-                check_path(fields[key])
-        agent = await self.live_of(sandbox_id).session()
-        return strip_reply(await agent.request(op, **fields))
+    async def stat(self, sandbox_id: str, path: str) -> FileInfo:
+        return _info(await (await self._guest(sandbox_id, path)).stat(path))
+
+    async def exists(self, sandbox_id: str, path: str) -> bool:
+        return await (await self._guest(sandbox_id, path)).exists(path)
+
+    async def remove(self, sandbox_id: str, path: str) -> None:
+        await (await self._guest(sandbox_id, path)).remove(path)
+
+    async def mkdir(self, sandbox_id: str, path: str, user: str | None = None) -> MkdirResult:
+        created, entry = await (await self._guest(sandbox_id, path)).mkdir(path, user=user)
+        return MkdirResult(created=created, **asdict(entry))
+
+    async def rename(self, sandbox_id: str, src: str, dst: str) -> FileInfo:
+        return _info(await (await self._guest(sandbox_id, src, dst)).rename(src, dst))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandlot.core.config import Settings
+from sandlot.config import Settings
 from sandlot.core.store import MetadataStore
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from sandlot.errors import InvalidStateError
 
@@ -20,6 +21,7 @@ def now() -> datetime:
 class SandboxState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
+    PAUSED = "paused"  # its state is in a snapshot (`paused_snapshot`); no VM runs
     STOPPED = "stopped"
     FAILED = "failed"
 
@@ -32,9 +34,16 @@ class SnapshotState(StrEnum):
     DELETED = "deleted"
 
 
+class SnapshotKind(StrEnum):
+    USER = "user"  # taken by a user: listed, named, restorable
+    PAUSE = "pause"  # holds a paused sandbox's state: not listed, gone when it resumes
+
+
 SANDBOX_TRANSITIONS: dict[SandboxState, set[SandboxState]] = {
     SandboxState.STARTING: {SandboxState.RUNNING, SandboxState.FAILED, SandboxState.STOPPED},
-    SandboxState.RUNNING: {SandboxState.STOPPED, SandboxState.FAILED, SandboxState.STARTING},
+    SandboxState.RUNNING: {SandboxState.STOPPED, SandboxState.FAILED, SandboxState.STARTING,
+                           SandboxState.PAUSED},
+    SandboxState.PAUSED: {SandboxState.STARTING, SandboxState.STOPPED},
     SandboxState.FAILED: {SandboxState.STOPPED},
     SandboxState.STOPPED: set(),
 }
@@ -81,14 +90,15 @@ class SandboxRecord(BaseModel):
     internet: bool = True
     network: NetworkSpec | None = None
     generation: str = ""
+    forked_from: str | None = None  # the parent sandbox of a fork child
     pid: int | None = None
     error: str | None = None
-    # Internal bookkeeping (not part of the API shape, but harmless to show).
-    source_key: str = Field("", exclude=True)
-    base: str = Field("", exclude=True)
+    # Internal bookkeeping, persisted but not part of the API shape.
+    image_key: str = Field("", exclude=True,
+                           validation_alias=AliasChoices("image_key", "source_key"))
+    build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))
     workdir: str | None = Field(None, exclude=True)
-    disk_index: int = Field(0, exclude=True)
-    hotplug_mb: int = Field(0, exclude=True)
+    paused_snapshot: str | None = Field(None, exclude=True)
 
     @property
     def key(self) -> str:
@@ -111,11 +121,11 @@ class SnapshotRecord(BaseModel):
     stored_bytes: int | None = None
     pause_ms: float | None = None
     capture_ms: float | None = None
-    internal: bool = False
-    ram_mb: int = Field(0, exclude=True)  # main RAM; memory_mb - ram_mb is the pc-dimm
-    device_model: str = Field("", exclude=True)
+    kind: SnapshotKind = Field(SnapshotKind.USER, exclude=True)
+    internal: bool = Field(False, exclude=True)  # a fork's, by a sandlot before 0.2
+    machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
     workdir: str | None = Field(None, exclude=True)
-    base: str = Field("", exclude=True)  # template build hash: kernel, initrd, rootfs
+    build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))
 
     @property
     def key(self) -> str:
@@ -164,6 +174,69 @@ class TemplateInfo(BaseModel):
     kernel: str | None = None
     boot_ms: float | None = None
     device_model: str = ""
+    machine: dict | None = None  # what its VM is: vmm.description.MachineDescription
+
+
+# ---- what commands and files in a running sandbox answer -----------------------------------
+
+
+class FileInfo(BaseModel):
+    """A file system entry in a sandbox. `type` is file, dir, symlink or other."""
+
+    name: str
+    path: str
+    type: Literal["file", "dir", "symlink", "other"] | str
+    size: int
+    mode: int
+    owner: str
+    mtime: float
+    target: str | None = None  # a symlink's
+
+
+class FileList(BaseModel):
+    entries: list[FileInfo]
+
+
+class MkdirResult(FileInfo):
+    created: bool  # False: it was there already
+
+
+class Exists(BaseModel):
+    exists: bool
+
+
+class ProcessInfo(BaseModel):
+    """A process a command started in a sandbox."""
+
+    pid: int
+    cmd: str
+    user: str
+    running: bool
+    exit_code: int | None = None
+    started_at: float
+
+
+class ProcessList(BaseModel):
+    processes: list[ProcessInfo]
+
+
+class Started(BaseModel):
+    pid: int
+
+
+class Killed(BaseModel):
+    killed: bool  # False: it had already exited
+
+
+class CommandEvent(BaseModel):
+    """One line of a command's NDJSON stream: start (pid), stdout/stderr (data), exit
+    (exit_code: 128 + n for a signal n), or error (a typed error that ended the stream)."""
+
+    type: Literal["start", "stdout", "stderr", "exit", "error"]
+    pid: int | None = None
+    data: str | None = None
+    exit_code: int | None = None
+    error: dict | None = None
 
 
 def to_doc(record: BaseModel) -> dict:
@@ -171,5 +244,6 @@ def to_doc(record: BaseModel) -> dict:
     doc = record.model_dump(mode="json")
     for name, info in type(record).model_fields.items():
         if info.exclude:
-            doc[name] = getattr(record, name)
+            value = getattr(record, name)
+            doc[name] = value.value if isinstance(value, StrEnum) else value
     return doc

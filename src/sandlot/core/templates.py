@@ -13,29 +13,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from sandlot import filelock
-from sandlot.core.config import Settings
+from sandlot.config import Settings
 from sandlot.core.models import TemplateInfo, now
-from sandlot.core.sources import HotCache, Source
+from sandlot.core.sources import Source
 from sandlot.core.store import MetadataStore
-from sandlot.errors import BuildError, InvalidArgumentError, NotFoundError
-from sandlot.guest.client import AgentClient
+from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
 from sandlot.images import initramfs as initramfs_mod
 from sandlot.images.initramfs import build_initramfs
 from sandlot.images.kernel import ensure_kernel
 from sandlot.images.rootfs import build_rootfs, guest_sources_hash_input
 from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
-from sandlot.storage.blobs import BlobStore
-from sandlot.vmm import snapshot as vmm_snapshot
-from sandlot.vmm.disk import create_overlay, flatten_onto
-from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
-
-BOOT_TIMEOUT = 180.0
+from sandlot.runtime.base import Image, MachineDescription, MachinePlan, Runtime
+from sandlot.vmm.machine import DEVICE_MODEL
+from sandlot.vmm.qemu import qemu_info
 
 
 class TemplateStore:
@@ -65,18 +61,16 @@ class TemplateStore:
         self.get(name)
         (self.index / f"{name}.json").unlink()
 
-    def build_dir(self, info: TemplateInfo) -> Path:
-        return self.builds / info.hash
-
     def source(self, name: str) -> Source:
         info = self.get(name)
-        build = self.build_dir(info)
-        return Source(
-            key=f"tpl-{info.hash}", build=build, store=BlobStore(build / "store"),
-            blob_key="snapshot", memory_mb=info.memory_mb, cpus=info.cpus, env=dict(info.env),
-            template=info.name, workdir=info.workdir, device_model=info.device_model,
-        )
-
+        try:
+            machine = MachineDescription.from_dict(info.machine)
+        except InvalidStateError:
+            raise InvalidStateError(f"template {name!r} was built by an older sandlot; rebuild "
+                                    f"it: `sandlot template build {name}`") from None
+        image = Image(key=f"tpl-{info.hash}", build=info.hash, machine=machine)
+        return Source(image=image, env=dict(info.env), template=info.name,
+                      workdir=info.workdir)
 
 
 def resolve_spec(spec_or_name: str) -> TemplateSpec:
@@ -94,90 +88,22 @@ def resolve_spec(spec_or_name: str) -> TemplateSpec:
 def _content_hash(spec: TemplateSpec) -> str:
     extra = guest_sources_hash_input() + initramfs_mod.INIT_SCRIPT.encode()
     extra += f"device-model={DEVICE_MODEL}".encode()  # includes the kernel command line
+    extra += f"machine={qemu_info().default_q35}".encode()
     extra += " ".join(initramfs_mod.MODULES).encode()
     return spec.content_hash(extra=hashlib.sha256(extra).digest())
 
 
-async def cold_boot(build: Path, run_dir: Path, memory_mb: int, cpus: int, accel: str,
-                    disk: Path) -> tuple[Machine, AgentClient, float]:
-    """Boot a build from scratch (slow under TCG); returns machine, agent, boot time in ms."""
-    t0 = time.monotonic()
-    await create_overlay(disk, build / "rootfs.ext4", "raw", (build / "rootfs.ext4").stat().st_size)
-    spec = MachineSpec(run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
-                       disk=disk, memory_mb=memory_mb, cpus=cpus, accel=accel)
-    machine = await Machine.launch(spec)
-    try:
-        agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
-    except BaseException:
-        console = run_dir / "console.log"
-        tail = console.read_text(errors="replace")[-1500:] if console.exists() else ""
-        await machine.kill()
-        raise BuildError(f"guest did not come up: {tail}") from None
-    return machine, agent, (time.monotonic() - t0) * 1000
+def _qemu_runtime(settings: Settings) -> Runtime:
+    from sandlot.runtime.qemu import QemuRuntime
 
-
-async def snapshot_build(settings: Settings, build: Path, spec: TemplateSpec) -> float:
-    """Boot the build once and store its snapshot (ram, devstate, flattened disk)."""
-    run_dir = settings.run_root / f"tb-{build.name[:8]}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    work = build / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    machine, agent, boot_ms = await cold_boot(build, run_dir, spec.memory_mb, spec.cpus,
-                                              settings.accel, work / "boot.qcow2")
-    try:
-        await agent.configure(env=dict(spec.env), generation="template", cpus=spec.cpus)
-        # Let boot-time work settle so the snapshot is of an idle guest.
-        # Freed pages are zeroed (init_on_free=1), so dropping caches leaves them out of the
-        # snapshot: less RAM to store, map and migrate for everything derived from it.
-        await run_to_exit(agent, "sync; echo 3 > /proc/sys/vm/drop_caches")
-        await warm_up(agent)
-        await asyncio.sleep(0.5)
-        result = await vmm_snapshot.capture(machine, work / "snap", work / "after.qcow2",
-                                            settings.run_root / f"th-{build.name[:8]}", "ov1",
-                                            live=False)
-    finally:
-        await agent.close()
-        await machine.kill()
-        shutil.rmtree(run_dir, ignore_errors=True)
-    await vmm_snapshot.punch_zero_pages(result.ram)
-    disk = work / "snap" / "disk.qcow2"
-    await flatten_onto(result.disk, disk, build / "rootfs.ext4", "raw")
-    store = BlobStore(build / "store")
-    await asyncio.to_thread(store.put, "snapshot", {
-        "ram": result.ram, "devstate": result.devstate, "disk": disk,
-    }, {"memory_mb": spec.memory_mb, "cpus": spec.cpus})
-    shutil.rmtree(work, ignore_errors=True)
-    return boot_ms
-
-
-async def run_to_exit(agent: AgentClient, cmd: str, **fields) -> None:
-    async for header, _ in agent.stream("exec", cmd=cmd, **fields):
-        if header.get("event") == "exit" and header.get("exit_code"):
-            raise BuildError(f"template warm-up command failed: {cmd}")
-
-
-async def warm_up(agent: AgentClient) -> None:
-    """Exercise the agent before the snapshot: its worker threads, the modules it imports
-    lazily and the files a first command reads are then already there in every restore."""
-    await asyncio.gather(*(run_to_exit(agent, "true") for _ in range(4)))
-    await run_to_exit(agent, "id >/dev/null; ls / >/dev/null", user="user")
-    await agent.upload("/tmp/.warm", _one_chunk(b"warm"))
-    async for _ in agent.stream("read", path="/tmp/.warm"):
-        pass
-    for op in ("stat", "exists", "remove"):
-        await agent.request(op, path="/tmp/.warm")
-    await agent.request("list", path="/tmp")
-    await agent.request("configure", freeze=True)
-
-
-async def _one_chunk(data: bytes):
-    yield data
+    return QemuRuntime(settings)
 
 
 def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool = False,
-                   settings: Settings | None = None, quiet: bool = False) -> TemplateInfo:
-    """Build (or reuse, by content hash) a template and point its name at the build."""
+                   settings: Settings | None = None, quiet: bool = False,
+                   runtime: Callable[[Settings], Runtime] = _qemu_runtime) -> TemplateInfo:
+    """Build (or reuse, by content hash) a template and point its name at the build: its root
+    filesystem, then one boot and capture of it (the runtime's `boot_image`)."""
     settings = settings or Settings.from_env(data_dir)
     settings.ensure()
     spec = resolve_spec(spec_or_name)
@@ -207,14 +133,16 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
                                 f"({len(spec.packages)} extra packages)")
                 build_rootfs(spec, build / "rootfs.ext4", kernel)
                 progress.update(step, description=f"template {spec.name}: boot and snapshot")
-                boot_ms = asyncio.run(snapshot_build(settings, build, spec))
+                plan = MachinePlan(cpus=spec.cpus, memory_mb=spec.memory_mb, env=dict(spec.env))
+                image, _, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))
             except BaseException:
                 shutil.rmtree(build, ignore_errors=True)
                 raise
             info = TemplateInfo(name=spec.name, hash=digest, memory_mb=spec.memory_mb,
                                 cpus=spec.cpus, env=spec.env, workdir=spec.workdir,
                                 built_at=now(), kernel=kernel.version, boot_ms=boot_ms,
-                                device_model=DEVICE_MODEL)
+                                device_model=image.machine.device_model,
+                                machine=image.machine.to_dict())
             (build / "spec.json").write_text(spec.model_dump_json(indent=2))
             done.write_text(info.model_dump_json(indent=2))
             progress.update(step, description=f"template {spec.name}: built ({digest}, "
@@ -243,8 +171,10 @@ def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list
         if settings.db_path.exists():
             db = MetadataStore(settings.db_path)
             try:
-                keep |= {d.get("base") for d in db.snapshots(("creating", "uploading", "ready"))}
-                keep |= {d.get("base") for d in db.sandboxes(("starting", "running"))}
+                keep |= {d.get("build") or d.get("base")
+                         for d in db.snapshots(("creating", "uploading", "ready"))}
+                keep |= {d.get("build") or d.get("base")
+                         for d in db.sandboxes(("starting", "running", "paused"))}
             finally:
                 db.close()
         unused = sorted(b.name for b in store.builds.iterdir()
@@ -263,5 +193,5 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
     TemplateStore(Settings.from_env(data_dir)).remove(name)
 
 
-__all__ = ["TemplateStore", "build_template", "list_templates", "remove_template", "HotCache",
-           "cold_boot", "collect_garbage"]
+__all__ = ["TemplateStore", "build_template", "list_templates", "remove_template",
+           "collect_garbage"]

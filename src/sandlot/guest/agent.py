@@ -27,7 +27,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode  # noqa: E402
+from protocol import OPS, PROTO_VERSION  # noqa: E402
+from wire import CHUNK_SIZE, FrameDecoder, encode  # noqa: E402
 
 PORT_NAME = "org.sandlot.agent"
 CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit"]
@@ -217,9 +218,11 @@ class Agent:
         self.uploads: dict[int, tuple] = {}
         self.reads: dict[int, ReadCredits] = {}
         self.configure_lock = threading.Lock()
-        self.handlers = {
-            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
-        }
+        # One handler per op of the protocol, and none it does not have.
+        self.handlers = {name: getattr(self, "op_" + name) for name in OPS}
+        extra = {n[3:] for n in dir(self) if n.startswith("op_")} - set(OPS)
+        if extra:
+            raise RuntimeError(f"agent handlers outside the protocol: {sorted(extra)}")
 
     # ---- dispatch -------------------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """Host end of the guest agent link: an asyncio client over the virtio-serial unix socket.
 
-One connection multiplexes many requests by id. Replies resolve futures; streamed events go to
-bounded per-request queues, so a slow consumer back-pressures the guest instead of growing memory.
+One connection multiplexes many requests by id. Every op of the protocol (guest/protocol.py) has
+a typed method here returning dataclasses; nothing above this module sends op names. Replies
+are parsed as hostile: every field is type-checked, and a reply that does not fit is a
+GuestError. Streamed events go to bounded per-request queues, so a slow consumer
+back-pressures the guest instead of growing memory.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
 
 from sandlot.errors import (
     GuestError,
     InvalidArgumentError,
+    InvalidStateError,
     NotFoundError,
     SandlotError,
 )
-from sandlot.guest.wire import CHUNK_SIZE, PROTO_VERSION, FrameDecoder, encode
+from sandlot.guest.protocol import EXIT_EVENT, PROTO_VERSION, request_header
+from sandlot.guest.wire import CHUNK_SIZE, FrameDecoder, encode
 
 READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
 
@@ -30,20 +37,148 @@ _ERROR_TYPES: dict[str, type[SandlotError]] = {
     "invalid": InvalidArgumentError,
     "permission": InvalidArgumentError,
 }
-_DONE = object()
 
 
-def agent_error(err: dict) -> SandlotError:
+def agent_error(err: Any) -> SandlotError:
     kind = err.get("type") if isinstance(err, dict) else None
     message = err.get("message", "agent error") if isinstance(err, dict) else str(err)
-    return _ERROR_TYPES.get(kind, GuestError)(str(message))
+    return _ERROR_TYPES.get(kind, GuestError)(str(message)[:4000])
+
+
+# ---- what the agent answers -----------------------------------------------------------------
+
+
+def _get(d: dict, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """`d[key]` if it has type `kind`; the guest is untrusted, so anything else is an error."""
+    value = d.get(key, default)
+    if value is ...:
+        raise GuestError(f"agent reply lacks {key!r}")
+    if value is not None and value is not default and not isinstance(value, kind):
+        raise GuestError(f"agent reply field {key!r} has type {type(value).__name__}")
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise GuestError(f"agent reply field {key!r} is a bool")
+    return value
+
+
+@dataclass(frozen=True)
+class Hello:
+    proto: int
+    caps: tuple[str, ...]
+    generation: str = "0"
+
+
+@dataclass(frozen=True)
+class Configured:
+    """The answer to `configure`: the guest's clock, and its CPUs and memory if they changed."""
+
+    time_ns: int
+    cpus: int | None = None
+    mem_kb: int | None = None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file system entry in the guest. `type` is file, dir, symlink or other."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+    owner: str
+    mtime: float
+    target: str | None = None
+
+    @classmethod
+    def parse(cls, d: Any) -> FileEntry:
+        if not isinstance(d, dict):
+            raise GuestError("agent sent an entry that is not an object")
+        return cls(name=_get(d, "name", str), path=_get(d, "path", str),
+                   type=_get(d, "type", str), size=_get(d, "size", int),
+                   mode=_get(d, "mode", int), owner=_get(d, "owner", str),
+                   mtime=float(_get(d, "mtime", (int, float))),
+                   target=_get(d, "target", str, None))
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process that `exec` started in the guest."""
+
+    pid: int
+    cmd: str
+    user: str
+    running: bool
+    exit_code: int | None
+    started_at: float
+
+    @classmethod
+    def parse(cls, d: Any) -> ProcessInfo:
+        if not isinstance(d, dict):
+            raise GuestError("agent sent a process that is not an object")
+        return cls(pid=_get(d, "pid", int), cmd=_get(d, "cmd", str), user=_get(d, "user", str),
+                   running=_get(d, "running", bool), exit_code=_get(d, "exit_code", int, None),
+                   started_at=float(_get(d, "started_at", (int, float))))
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A process ended: `exit_code` is negative for a signal; `timed_out` if its timeout hit."""
+
+    exit_code: int | None
+    timed_out: bool
+
+
+ExecEvent = Started | Output | Exited
+
+
+def _exec_event(header: dict, data: bytes) -> ExecEvent | None:
+    event = header.get("event")
+    if event == "start":
+        return Started(_get(header, "pid", int))
+    if event in ("stdout", "stderr"):
+        return Output(event, data)
+    if event == EXIT_EVENT:
+        return Exited(_get(header, "exit_code", int, None), bool(header.get("timed_out")))
+    return None
+
+
+# ---- the session ----------------------------------------------------------------------------
+
+
+class LinkState(StrEnum):
+    CONNECTING = "connecting"
+    READY = "ready"
+    CLOSED = "closed"
 
 
 @dataclass
-class Hello:
-    proto: int
-    caps: list[str]
-    generation: str = "0"
+class Configure:
+    """What a `configure` sets. The clock and fresh entropy are read when it is sent."""
+
+    env: dict[str, str] | None = None
+    generation: str | None = None
+    cpus: int | None = None
+    reseed: bool = True
+    freeze: bool = False
+
+    def fields(self) -> dict:
+        out: dict[str, Any] = {"time_ns": time.time_ns(), "env": self.env,
+                               "generation": self.generation, "cpus": self.cpus or None,
+                               "freeze": self.freeze or None}
+        if self.reseed:
+            out["entropy"] = base64.b64encode(os.urandom(64)).decode()
+        return out
 
 
 class AgentClient:
@@ -58,18 +193,19 @@ class AgentClient:
         self._write_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._closed: BaseException | None = None
+        self.state = LinkState.CONNECTING
         self.hello: Hello | None = None
-        self.configured: dict | None = None
+        self.configured: Configured | None = None
 
     # ---- connection -----------------------------------------------------------------------
 
     @classmethod
     async def connect(cls, path: str, timeout: float = 30.0,
-                      configure: dict | None = None) -> AgentClient:
+                      configure: Configure | None = None) -> AgentClient:
         """Connect to the agent socket and complete the hello handshake within `timeout`.
 
-        `configure` (see `configure_fields`) is sent right behind the hello, saving a round
-        trip on the restore path; its answer is in `self.configured`.
+        `configure` is sent right behind the hello, saving a round trip on the restore path;
+        its answer is in `self.configured`.
 
         A session that gets no answer is dropped and the socket connected again: the guest
         learns that a host is there from a virtio-serial control message, which QEMU drops
@@ -92,6 +228,7 @@ class AgentClient:
             try:
                 remaining = max(0.1, min(attempt_timeout, deadline - loop.time()))
                 await client._handshake(remaining, configure)
+                client.state = LinkState.READY
                 return client
             except (TimeoutError, GuestError) as e:
                 last = e
@@ -99,25 +236,23 @@ class AgentClient:
                 attempt_timeout = min(attempt_timeout * 2, 16.0)
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
-    async def _handshake(self, timeout: float, configure: dict | None = None) -> None:
+    async def _handshake(self, timeout: float, configure: Configure | None) -> None:
         nonce = secrets.token_hex(8)
-        # Re-send hello periodically: the guest drops input while it thinks no host is there.
-        rid = self._new_id()
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        rid, fut = self._new_id(), loop.create_future()
         self._waiters[rid] = fut
-        cid = self._new_id()
-        cfut = asyncio.get_running_loop().create_future()
+        cid, cfut = self._new_id(), loop.create_future()
         if configure is not None:
             self._waiters[cid] = cfut
-        loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         interval = 0.25  # grows: a busy guest answers late, an absent one not at all
         try:
+            # Re-sent periodically: the guest drops input while it thinks no host is there.
             while not fut.done():
-                await self._send({"id": rid, "op": "hello", "nonce": nonce,
-                                  "proto": PROTO_VERSION})
+                await self._send(request_header(rid, "hello",
+                                                {"nonce": nonce, "proto": PROTO_VERSION}))
                 if configure is not None:
-                    await self._send({"id": cid, "op": "configure", **configure})
+                    await self._send(request_header(cid, "configure", configure.fields()))
                 try:
                     await asyncio.wait_for(asyncio.shield(fut),
                                            min(interval, max(0.01, end - loop.time())))
@@ -134,11 +269,14 @@ class AgentClient:
         header = fut.result()
         if "error" in header:
             raise agent_error(header["error"])
-        hello = header.get("hello") or {}
-        if hello.get("nonce") != nonce or hello.get("proto") != PROTO_VERSION:
-            raise GuestError(f"unexpected agent hello: {hello}")
-        self.hello = Hello(proto=hello["proto"], caps=list(hello.get("caps", [])),
-                           generation=str(header.get("generation", "0")))
+        hello = header.get("hello")
+        if not isinstance(hello, dict) or hello.get("nonce") != nonce \
+                or hello.get("proto") != PROTO_VERSION:
+            raise GuestError(f"unexpected agent hello: {str(hello)[:200]}")
+        caps = hello.get("caps") or []
+        self.hello = Hello(proto=PROTO_VERSION,
+                           caps=tuple(c for c in caps if isinstance(c, str))[:64],
+                           generation=str(header.get("generation", "0"))[:64])
         if configure is not None:
             try:
                 reply = await asyncio.wait_for(cfut, max(1.0, end - loop.time()))
@@ -146,9 +284,7 @@ class AgentClient:
                 raise GuestError("guest agent did not answer configure") from None
             finally:
                 self._waiters.pop(cid, None)
-            if "error" in reply:
-                raise agent_error(reply["error"])
-            self.configured = reply
+            self.configured = self._configured(reply)
 
     async def close(self) -> None:
         if self._task:
@@ -162,6 +298,9 @@ class AgentClient:
     def alive(self) -> bool:
         return self._closed is None
 
+    def has_cap(self, cap: str) -> bool:
+        return self.hello is not None and cap in self.hello.caps
+
     # ---- plumbing -------------------------------------------------------------------------
 
     def _new_id(self) -> int:
@@ -171,7 +310,10 @@ class AgentClient:
     async def _send(self, header: dict, payload: bytes = b"") -> None:
         if self._closed is not None:
             raise GuestError(f"agent connection lost: {self._closed}")
-        data = encode(header, payload)
+        try:
+            data = encode(header, payload)
+        except ValueError as e:  # FrameError: the request itself is too large
+            raise InvalidArgumentError(f"request too large for the guest agent: {e}") from e
         async with self._write_lock:
             try:
                 self._writer.write(data)
@@ -207,30 +349,29 @@ class AgentClient:
     def _fail(self, exc: BaseException) -> None:
         if self._closed is None:
             self._closed = exc
+        self.state = LinkState.CLOSED
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(GuestError(f"agent connection lost: {exc}"))
         self._waiters.clear()
         for queue in self._streams.values():
-            try:
+            with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(({"id": None, "lost": str(exc)}, b""))
-            except asyncio.QueueFull:
-                pass
 
-    # ---- requests -------------------------------------------------------------------------
+    def _require_ready(self) -> None:
+        if self.state != LinkState.READY:
+            raise InvalidStateError(f"agent link is {self.state.value}",
+                                    current=self.state.value, allowed=(LinkState.READY.value,))
 
-    async def request(self, op: str, payload: bytes = b"", reply_timeout: float | None = 30.0,
-                      **fields) -> dict:
-        """One request, one reply. Raises the mapped sandlot error on an error reply.
-
-        `fields` go to the agent as they are (exec's `timeout` among them); `reply_timeout`
-        bounds the wait for the reply.
-        """
+    async def _request(self, op: str, payload: bytes = b"", reply_timeout: float | None = 30.0,
+                       **fields) -> dict:
+        """One request, one reply; an error reply raises the mapped sandlot error."""
+        self._require_ready()
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
-            await self._send({"id": rid, "op": op, **fields}, payload)
+            await self._send(request_header(rid, op, fields), payload)
             header = await asyncio.wait_for(fut, reply_timeout)
         except TimeoutError:
             raise GuestError(f"guest agent did not answer {op} within {reply_timeout}s"
@@ -241,25 +382,23 @@ class AgentClient:
             raise agent_error(header["error"])
         return header
 
-    async def stream(self, op: str, payload: bytes = b"",
-                     **fields) -> AsyncIterator[tuple[dict, bytes]]:
+    async def _stream(self, op: str, payload: bytes = b"", *, credited: bool = False,
+                      **fields) -> AsyncIterator[tuple[dict, bytes]]:
         """Send a request and yield its events until a terminal one (exit, ok or error).
 
-        File reads are flow-controlled per stream where the agent can (`read_credit`): it
-        sends at most READ_WINDOW chunks ahead, and each chunk the consumer takes earns one
+        `credited` (file reads with a `window`, where the agent has `read_credit`): the
+        agent sends at most `window` chunks ahead, and each chunk the consumer takes earns one
         more, so a slow reader of one file holds back only that file. Other streams are
         pushed: a consumer that falls behind stops the connection's reader once its queue is
         full, which command output (at most 64 KiB an event) reaches only 32 MiB behind.
         """
+        self._require_ready()
         rid = self._new_id()
-        credited = op == "read" and self.hello is not None and "read_credit" in self.hello.caps
-        if credited:
-            fields = {**fields, "window": READ_WINDOW}
-        queue: asyncio.Queue = asyncio.Queue(maxsize=READ_WINDOW + 8 if op == "read" else 512)
+        queue: asyncio.Queue = asyncio.Queue(maxsize=READ_WINDOW + 8 if credited else 512)
         self._streams[rid] = queue
         done = False
         try:
-            await self._send({"id": rid, "op": op, **fields}, payload)
+            await self._send(request_header(rid, op, fields), payload)
             while True:
                 header, data = await queue.get()
                 if "lost" in header:
@@ -267,7 +406,8 @@ class AgentClient:
                 if "error" in header:
                     done = True
                     raise agent_error(header["error"])
-                done = header.get("event") == "exit" or (header.get("ok") and "event" not in header)
+                done = header.get("event") == EXIT_EVENT or (
+                    bool(header.get("ok")) and "event" not in header)
                 yield header, data
                 if done:
                     return
@@ -279,14 +419,120 @@ class AgentClient:
                 with contextlib.suppress(GuestError):  # the consumer stopped: so does the agent
                     await self._send({"id": rid, "op": "credit", "n": -1})
 
-    async def upload(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
-                     mode: int | None = None) -> dict:
+    @staticmethod
+    def _configured(reply: dict) -> Configured:
+        if "error" in reply:
+            raise agent_error(reply["error"])
+        return Configured(time_ns=_get(reply, "time_ns", int), cpus=_get(reply, "cpus", int, None),
+                          mem_kb=_get(reply, "mem_kb", int, None))
+
+    # ---- session ops ----------------------------------------------------------------------
+
+    async def ping(self) -> int:
+        """The guest's wall clock, ns."""
+        return _get(await self._request("ping"), "time_ns", int)
+
+    async def configure(self, configure: Configure) -> Configured:
+        """Set the clock (always); reseed the RNG, set env, generation and CPUs as given."""
+        return self._configured(await self._request("configure", **configure.fields()))
+
+    async def sync_clock(self, tolerance_ms: float = 5.0, rounds: int = 3) -> float:
+        """Bring the guest's wall clock to the host's, NTP-style: the offset is measured around
+        a ping (the guest's reading sits between the host's send and receive) and stepped
+        away. A `configure` sets the clock when the guest reads it, which after a restore may
+        be long after the host sent it. Returns the last measured offset in ms."""
+        offset_ms = 0.0
+        for _ in range(rounds):
+            sent = time.time_ns()
+            guest = await self.ping()
+            received = time.time_ns()
+            offset = (sent + received) // 2 - guest
+            offset_ms = offset / 1e6
+            if abs(offset_ms) <= max(tolerance_ms, (received - sent) / 2e6):
+                return offset_ms
+            await self._request("step_clock", delta_ns=offset)
+        return offset_ms
+
+    # ---- processes ------------------------------------------------------------------------
+
+    async def exec(self, cmd: str, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, timeout: float | None = None,
+                   stdin: bytes | None = None, track: bool = True) -> AsyncIterator[ExecEvent]:
+        """Run `cmd` (bash -c) and stream its events: Started, Output..., Exited."""
+        async for header, data in self._stream(
+                "exec", stdin or b"", cmd=cmd, env=env or {}, cwd=cwd, user=user,
+                timeout=timeout or None, stdin=stdin is not None, stream=True,
+                track=None if track else False):
+            event = _exec_event(header, data)
+            if event is not None:
+                yield event
+
+    async def run(self, cmd: str, **kwargs) -> Exited:
+        """Run `cmd` to its end, dropping its output."""
+        async for event in self.exec(cmd, **kwargs):
+            if isinstance(event, Exited):
+                return event
+        raise GuestError(f"agent ended {cmd!r} without an exit event")
+
+    async def start(self, cmd: str, *, env: dict[str, str] | None = None,
+                    cwd: str | None = None, user: str | None = None,
+                    timeout: float | None = None, stdin: bytes | None = None) -> int:
+        """Start `cmd` in the background; returns its pid. Without `stdin` its input stays
+        open for `send_stdin`."""
+        reply = await self._request("exec", stdin or b"", cmd=cmd, env=env or {}, cwd=cwd,
+                                    user=user, timeout=timeout or None,
+                                    stdin=stdin is not None, stream=False,
+                                    keep_stdin=stdin is None)
+        return _get(reply, "pid", int)
+
+    async def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
+        """The output of process `pid` (what it buffered first, with `replay`), then its end."""
+        async for header, data in self._stream("attach", pid=pid, replay=replay):
+            event = _exec_event(header, data)
+            if event is not None:
+                yield event
+
+    async def send_stdin(self, pid: int, data: bytes, eof: bool = False) -> None:
+        await self._request("stdin", data, pid=pid, eof=eof)
+
+    async def kill(self, pid: int, signal: int = 9) -> bool:
+        """Signal process `pid`'s group; False if it had already exited."""
+        return bool(_get(await self._request("kill", pid=pid, signal=signal), "killed", bool))
+
+    async def processes(self, all: bool = False) -> list[ProcessInfo]:
+        procs = _get(await self._request("ps", all=all or None), "processes", list)
+        return [ProcessInfo.parse(p) for p in procs]
+
+    # ---- files ----------------------------------------------------------------------------
+
+    async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]:
+        """Open a guest file for streaming: (size, chunks). Errors raise before any byte."""
+        credited = self.has_cap("read_credit")
+        events = self._stream("read", path=path, window=READ_WINDOW if credited else None,
+                              credited=credited)
+        header, _ = await anext(events)
+        size = _get(header, "size", int, 0)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for h, data in events:
+                    if h.get("event") == "data":
+                        yield data
+            finally:
+                await events.aclose()
+
+        return size, chunks()
+
+    async def write(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
+                    mode: int | None = None) -> FileEntry:
         """Write a file from an async iterator of byte chunks without holding it whole."""
+        self._require_ready()
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
-            await self._send({"id": rid, "op": "write", "path": path, "user": user, "mode": mode})
+            await self._send(request_header(rid, "write", {"path": path, "user": user,
+                                                           "mode": mode}))
             async for chunk in chunks:
                 for i in range(0, len(chunk), CHUNK_SIZE):
                     if fut.done():
@@ -299,42 +545,25 @@ class AgentClient:
             self._waiters.pop(rid, None)
         if "error" in header:
             raise agent_error(header["error"])
-        return header
+        return FileEntry.parse(header)
 
-    async def sync_clock(self, tolerance_ms: float = 5.0, rounds: int = 3) -> float:
-        """Bring the guest's wall clock to the host's, NTP-style: the offset is measured around
-        a ping (the guest's reading sits between the host's send and receive) and stepped
-        away. A `configure` sets the clock when the guest reads it, which after a restore may
-        be long after the host sent it. Returns the last measured offset in ms."""
-        offset_ms = 0.0
-        for _ in range(rounds):
-            sent = time.time_ns()
-            reply = await self.request("ping")
-            received = time.time_ns()
-            offset = (sent + received) // 2 - int(reply["time_ns"])
-            offset_ms = offset / 1e6
-            if abs(offset_ms) <= max(tolerance_ms, (received - sent) / 2e6):
-                return offset_ms
-            await self.request("step_clock", delta_ns=offset)
-        return offset_ms
+    async def list_dir(self, path: str, depth: int = 1) -> list[FileEntry]:
+        entries = _get(await self._request("list", path=path, depth=depth), "entries", list)
+        return [FileEntry.parse(e) for e in entries]
 
-    async def configure(self, *, env: dict[str, str] | None = None, generation: str | None = None,
-                        reseed: bool = True, cpus: int | None = None) -> dict:
-        """Sync the clock (always); optionally reseed the RNG, set env, generation, CPUs."""
-        return await self.request("configure", **configure_fields(
-            env=env, generation=generation, reseed=reseed, cpus=cpus))
+    async def stat(self, path: str) -> FileEntry:
+        return FileEntry.parse(await self._request("stat", path=path))
 
+    async def exists(self, path: str) -> bool:
+        return _get(await self._request("exists", path=path), "exists", bool)
 
-def configure_fields(*, env: dict[str, str] | None = None, generation: str | None = None,
-                     reseed: bool = True, cpus: int | None = None) -> dict:
-    """The fields of a `configure` request; the clock is read when this is called."""
-    fields: dict = {"time_ns": time.time_ns()}
-    if reseed:
-        fields["entropy"] = base64.b64encode(os.urandom(64)).decode()
-    if env is not None:
-        fields["env"] = env
-    if generation is not None:
-        fields["generation"] = generation
-    if cpus:
-        fields["cpus"] = cpus
-    return fields
+    async def remove(self, path: str) -> None:
+        await self._request("remove", path=path)
+
+    async def mkdir(self, path: str, user: str | None = None) -> tuple[bool, FileEntry]:
+        """Make `path` with its parents; (whether it was created, its entry)."""
+        reply = await self._request("mkdir", path=path, user=user)
+        return _get(reply, "created", bool), FileEntry.parse(reply)
+
+    async def rename(self, src: str, dst: str) -> FileEntry:
+        return FileEntry.parse(await self._request("rename", src=src, dst=dst))

@@ -17,7 +17,6 @@ import json
 import struct
 
 MAGIC = b"\xa5SL1"
-PROTO_VERSION = 1
 # Why these caps: a header is a small JSON object (the largest is an env map); payloads are file
 # chunks and output chunks, which senders split at CHUNK_SIZE.
 MAX_HEADER = 1 << 20

@@ -19,6 +19,7 @@ GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
 GUEST_FILES = {
     "/opt/sandlot/agent.py": GUEST_DIR / "agent.py",
     "/opt/sandlot/wire.py": GUEST_DIR / "wire.py",
+    "/opt/sandlot/protocol.py": GUEST_DIR / "protocol.py",
     "/sbin/sandlot-init": GUEST_DIR / "init.py",
 }
 

@@ -9,14 +9,17 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
 
-from sandlot.core.config import Settings
+from sandlot.config import Settings
 from sandlot.core.service import Core
 from sandlot.errors import SandlotError
+from sandlot.runtime.base import Runtime
 from sandlot.server import errors
 from sandlot.server.auth import require_key
 from sandlot.server.e2b import router as e2b_router
+from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_files import router as files_router
 from sandlot.server.routes_sandboxes import router as sandboxes_router
@@ -25,14 +28,23 @@ from sandlot.server.routes_snapshots import router as snapshots_router
 VERSION = "0.1.0"
 
 
-def create_app(settings: Settings | None = None, *, network: object | None = "auto",
+def default_runtime(settings: Settings) -> Runtime:
+    """QEMU VMs, with networking unless SANDLOT_NETWORK=off (or not root)."""
+    from sandlot.runtime.network import Networking
+    from sandlot.runtime.qemu import QemuRuntime
+
+    return QemuRuntime(settings, Networking.from_env())
+
+
+def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None,
                kill_on_shutdown: bool = False) -> FastAPI:
-    """Build the app; the core starts (and recovers) in the lifespan."""
+    """Build the app; the core starts (and recovers) in the lifespan. `runtime` is the
+    machine layer (default: QEMU); tests pass runtime/fake.FakeRuntime."""
     settings = settings or Settings.from_env()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        core = Core(settings, network=network)
+        core = Core(settings, runtime or default_runtime(settings))
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
             core.db.add_key(preset)
@@ -53,11 +65,24 @@ def create_app(settings: Settings | None = None, *, network: object | None = "au
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
 
+    def openapi() -> dict:
+        """FastAPI's schema, plus the models the NDJSON streams are made of."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in STREAM_SCHEMAS:
+                components.setdefault(model.__name__, model.model_json_schema(
+                    ref_template="#/components/schemas/{model}"))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.get("/health", tags=["health"])
     async def health(request: Request) -> dict:
         """Liveness, and the warm pool's state per template (ready, claimed, misses)."""
         core = getattr(request.app.state, "core", None)
-        pool = core.pool.stats() if core is not None and core.pool is not None else {}
+        pool = core.runtime.pool_stats() if core is not None else {}
         return {"status": "ok", "version": VERSION, "pool": pool}
 
     return app

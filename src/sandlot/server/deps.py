@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from sandlot.core.commands import ExecEvent, Output, Started
+from sandlot.core.models import CommandEvent
 from sandlot.core.service import Core
 from sandlot.errors import SandlotError
 
@@ -16,15 +18,21 @@ def core(request: Request) -> Core:
     return request.app.state.core
 
 
-async def ndjson(first: dict | None, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    """Encode command events as NDJSON lines; output bytes become text, split-safe."""
+async def ndjson(first: ExecEvent | None, events: AsyncIterator[ExecEvent]
+                 ) -> AsyncIterator[bytes]:
+    """Encode command events as NDJSON lines (core.models.CommandEvent); output bytes become
+    text, split-safe. A typed error that ends the stream becomes its last line."""
     decoders = {"stdout": codecs.getincrementaldecoder("utf-8")("replace"),
                 "stderr": codecs.getincrementaldecoder("utf-8")("replace")}
 
-    def line(ev: dict) -> bytes:
-        if ev["type"] in decoders:
-            ev = {"type": ev["type"], "data": decoders[ev["type"]].decode(ev["data"])}
-        return (json.dumps(ev) + "\n").encode()
+    def line(ev: ExecEvent) -> bytes:
+        if isinstance(ev, Started):
+            out = CommandEvent(type="start", pid=ev.pid)
+        elif isinstance(ev, Output):
+            out = CommandEvent(type=ev.stream, data=decoders[ev.stream].decode(ev.data))
+        else:
+            out = CommandEvent(type="exit", exit_code=ev.exit_code)
+        return (out.model_dump_json(exclude_none=True) + "\n").encode()
 
     try:
         if first is not None:

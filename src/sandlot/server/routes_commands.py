@@ -6,12 +6,17 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from sandlot.core.models import ExecRequest
+from sandlot.core.models import CommandEvent, ExecRequest, Killed, ProcessList, Started
 from sandlot.errors import InvalidArgumentError
 from sandlot.server.deps import core, ndjson
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/commands", tags=["commands"])
 NDJSON = "application/x-ndjson"
+STREAM = {200: {"description": "One CommandEvent per line: start, stdout/stderr, then exit "
+                               "(or error).",
+                "content": {NDJSON: {"schema": {"$ref": "#/components/schemas/CommandEvent"}},
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/Started"}}}}}
 
 
 class StdinBody(BaseModel):
@@ -23,23 +28,25 @@ class KillBody(BaseModel):
     signal: int = 9
 
 
-@router.post("", response_model=None)
+@router.post("", response_model=None, responses=STREAM)
 async def run_command(sandbox_id: str, body: ExecRequest, request: Request):
+    """Run a command: its events as NDJSON, or with `background` its pid (JSON `Started`)."""
     commands = core(request).commands
     if body.background:
-        return {"pid": await commands.start_background(sandbox_id, body)}
-    events = commands.exec(sandbox_id, body)
+        return Started(pid=await commands.start(sandbox_id, body))
+    events = commands.run(sandbox_id, body)
     first = await anext(events)  # errors before the process starts are plain HTTP errors
     return StreamingResponse(ndjson(first, events), media_type=NDJSON)
 
 
-@router.get("")
-async def list_commands(sandbox_id: str, request: Request) -> dict:
-    reply = await core(request).commands.agent_call(sandbox_id, "ps")
-    return {"processes": reply["processes"]}
+@router.get("", response_model=ProcessList)
+async def list_commands(sandbox_id: str, request: Request) -> ProcessList:
+    return ProcessList(processes=await core(request).commands.list(sandbox_id))
 
 
-@router.get("/{pid}/stream")
+@router.get("/{pid}/stream", response_model=None, responses={
+    200: {"description": "One CommandEvent per line.",
+          "content": {NDJSON: {"schema": {"$ref": "#/components/schemas/CommandEvent"}}}}})
 async def attach(sandbox_id: str, pid: int, request: Request):
     events = core(request).commands.attach(sandbox_id, pid)
     try:
@@ -51,15 +58,18 @@ async def attach(sandbox_id: str, pid: int, request: Request):
 
 @router.post("/{pid}/stdin", status_code=204)
 async def send_stdin(sandbox_id: str, pid: int, body: StdinBody, request: Request) -> Response:
-    await core(request).commands.agent_call(sandbox_id, "stdin", body.data.encode(), pid=pid,
-                                             eof=body.eof)
+    await core(request).commands.send_stdin(sandbox_id, pid, body.data.encode(), body.eof)
     return Response(status_code=204)
 
 
-@router.post("/{pid}/kill")
-async def kill(sandbox_id: str, pid: int, request: Request, body: KillBody | None = None) -> dict:
+@router.post("/{pid}/kill", response_model=Killed)
+async def kill(sandbox_id: str, pid: int, request: Request, body: KillBody | None = None
+               ) -> Killed:
     sig = body.signal if body else 9
     if not 1 <= sig <= 64:
         raise InvalidArgumentError("signal must be between 1 and 64")
-    reply = await core(request).commands.agent_call(sandbox_id, "kill", pid=pid, signal=sig)
-    return {"killed": reply["killed"]}
+    return Killed(killed=await core(request).commands.kill(sandbox_id, pid, sig))
+
+
+# Not response models, but the streams above are made of them: app.py adds their schemas.
+STREAM_SCHEMAS = (CommandEvent, Started)

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from sandlot.core.models import Exists, FileInfo, FileList, MkdirResult
 from sandlot.server.deps import core
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/files", tags=["files"])
@@ -21,46 +22,47 @@ class RenameBody(BaseModel):
     dst: str
 
 
-@router.get("")
+@router.get("", response_class=StreamingResponse, responses={
+    200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}})
 async def download(sandbox_id: str, path: str, request: Request) -> StreamingResponse:
-    size, chunks = await core(request).files.read_file(sandbox_id, path)
+    size, chunks = await core(request).files.read(sandbox_id, path)
     return StreamingResponse(chunks, media_type="application/octet-stream",
                              headers={"content-length": str(size)})
 
 
-@router.put("")
-async def upload(sandbox_id: str, path: str, request: Request, user: str | None = None) -> dict:
-    return await core(request).files.write_file(sandbox_id, path, request.stream(), user)
+@router.put("", response_model=FileInfo)
+async def upload(sandbox_id: str, path: str, request: Request, user: str | None = None
+                 ) -> FileInfo:
+    """Write the request body to `path` (streamed; parents are made)."""
+    return await core(request).files.write(sandbox_id, path, request.stream(), user)
 
 
-@router.get("/list")
-async def list_dir(sandbox_id: str, path: str, request: Request, depth: int = 1) -> dict:
-    reply = await core(request).files.file_op(sandbox_id, "list", path=path, depth=depth)
-    return {"entries": reply["entries"]}
+@router.get("/list", response_model=FileList)
+async def list_dir(sandbox_id: str, path: str, request: Request, depth: int = 1) -> FileList:
+    return FileList(entries=await core(request).files.list(sandbox_id, path, depth))
 
 
-@router.get("/stat")
-async def stat(sandbox_id: str, path: str, request: Request) -> dict:
-    return await core(request).files.file_op(sandbox_id, "stat", path=path)
+@router.get("/stat", response_model=FileInfo)
+async def stat(sandbox_id: str, path: str, request: Request) -> FileInfo:
+    return await core(request).files.stat(sandbox_id, path)
 
 
-@router.get("/exists")
-async def exists(sandbox_id: str, path: str, request: Request) -> dict:
-    return await core(request).files.file_op(sandbox_id, "exists", path=path)
+@router.get("/exists", response_model=Exists)
+async def exists(sandbox_id: str, path: str, request: Request) -> Exists:
+    return Exists(exists=await core(request).files.exists(sandbox_id, path))
 
 
 @router.delete("", status_code=204)
 async def remove(sandbox_id: str, path: str, request: Request) -> Response:
-    await core(request).files.file_op(sandbox_id, "remove", path=path)
+    await core(request).files.remove(sandbox_id, path)
     return Response(status_code=204)
 
 
-@router.post("/mkdir")
-async def mkdir(sandbox_id: str, body: MkdirBody, request: Request) -> dict:
-    return await core(request).files.file_op(sandbox_id, "mkdir", path=body.path,
-                                                 user=body.user)
+@router.post("/mkdir", response_model=MkdirResult)
+async def mkdir(sandbox_id: str, body: MkdirBody, request: Request) -> MkdirResult:
+    return await core(request).files.mkdir(sandbox_id, body.path, body.user)
 
 
-@router.post("/rename")
-async def rename(sandbox_id: str, body: RenameBody, request: Request) -> dict:
-    return await core(request).files.file_op(sandbox_id, "rename", src=body.src, dst=body.dst)
+@router.post("/rename", response_model=FileInfo)
+async def rename(sandbox_id: str, body: RenameBody, request: Request) -> FileInfo:
+    return await core(request).files.rename(sandbox_id, body.src, body.dst)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotRecord
+from sandlot.core.models import (
+    CreateSandbox,
+    NetworkSpec,
+    SandboxRecord,
+    SandboxState,
+    SnapshotRecord,
+)
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
 
@@ -50,8 +56,10 @@ async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord
 
 
 @router.get("", response_model=SandboxList)
-async def list_sandboxes(request: Request, metadata: str | None = None,
-                         all: bool = False) -> SandboxList:
+async def list_sandboxes(request: Request, metadata: str | None = None, all: bool = False,
+                         state: list[SandboxState] | None = Query(None)) -> SandboxList:
+    """Running and paused sandboxes (`all`: every one ever made), optionally only those in
+    `state` and whose metadata holds every pair of `metadata` (a JSON object)."""
     wanted = None
     if metadata:
         try:
@@ -61,7 +69,8 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
         except ValueError:
             raise InvalidArgumentError("metadata must be a JSON object of strings") from None
         wanted = {str(k): str(v) for k, v in wanted.items()}
-    return SandboxList(sandboxes=core(request).sandboxes.list(wanted, all=all))
+    states = tuple(state) if state else None
+    return SandboxList(sandboxes=core(request).sandboxes.list(wanted, all=all, states=states))
 
 
 @router.get("/{sandbox_id}", response_model=SandboxRecord)
@@ -94,6 +103,24 @@ async def rollback_sandbox(sandbox_id: str, body: RollbackBody, request: Request
     return await core(request).sandboxes.rollback(sandbox_id, body.snapshot_id)
 
 
+class ResumeBody(BaseModel):
+    timeout: int | None = Field(None, ge=0)
+
+
+@router.post("/{sandbox_id}/pause", response_model=SandboxRecord)
+async def pause_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
+    """Keep the sandbox's whole state (memory, processes, disk) and stop its VM; answers once
+    the state is stored. `resume` brings it back under the same id."""
+    return await core(request).sandboxes.pause(sandbox_id)
+
+
+@router.post("/{sandbox_id}/resume", response_model=SandboxRecord)
+async def resume_sandbox(sandbox_id: str, request: Request,
+                         body: ResumeBody | None = None) -> SandboxRecord:
+    """Bring a paused sandbox back exactly where it was (a new timeout if given)."""
+    return await core(request).sandboxes.resume(sandbox_id, body.timeout if body else None)
+
+
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
@@ -104,16 +131,22 @@ class PortBody(BaseModel):
     port: int = Field(ge=1, le=65535)
 
 
+class ExposedPort(BaseModel):
+    host: str
+    port: int
+    address: str
+
+
 class NetworkBody(BaseModel):
     internet: bool | None = None
     allow_out: list[str] | None = None
     deny_out: list[str] | None = None
 
 
-@router.post("/{sandbox_id}/ports")
-async def expose_port(sandbox_id: str, body: PortBody, request: Request) -> dict:
+@router.post("/{sandbox_id}/ports", response_model=ExposedPort)
+async def expose_port(sandbox_id: str, body: PortBody, request: Request) -> ExposedPort:
     host, port = await core(request).sandboxes.expose_port(sandbox_id, body.port)
-    return {"host": host, "port": port, "address": f"{host}:{port}"}
+    return ExposedPort(host=host, port=port, address=f"{host}:{port}")
 
 
 @router.put("/{sandbox_id}/network", response_model=SandboxRecord)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
 from sandlot.core.models import (
@@ -19,6 +19,10 @@ router = APIRouter(tags=["snapshots"])
 
 class SnapshotList(BaseModel):
     snapshots: list[SnapshotRecord]
+
+
+class TemplateList(BaseModel):
+    templates: list[TemplateInfo]
 
 
 class RenameBody(BaseModel):
@@ -44,6 +48,13 @@ async def rename_snapshot(id_or_name: str, body: RenameBody, request: Request) -
     return core(request).snapshots.rename(id_or_name, body.name)
 
 
+@router.post("/v1/snapshots/{id_or_name}/wait", response_model=SnapshotRecord)
+async def wait_snapshot(id_or_name: str, request: Request,
+                        timeout: float = Query(30.0, ge=0, le=300)) -> SnapshotRecord:
+    """The snapshot once it is ready, failed or deleted, or as it is after `timeout` s."""
+    return await core(request).snapshots.wait(id_or_name, timeout)
+
+
 @router.delete("/v1/snapshots/{id_or_name}", status_code=204)
 async def delete_snapshot(id_or_name: str, request: Request) -> Response:
     core(request).snapshots.delete(id_or_name)
@@ -62,9 +73,9 @@ async def restore_snapshot(id_or_name: str, request: Request,
     return await core(request).sandboxes.create(req)
 
 
-@router.get("/v1/templates")
-async def list_templates(request: Request) -> dict:
-    return {"templates": [t.model_dump(mode="json") for t in core(request).templates.list()]}
+@router.get("/v1/templates", response_model=TemplateList)
+async def list_templates(request: Request) -> TemplateList:
+    return TemplateList(templates=core(request).templates.list())
 
 
 @router.get("/v1/templates/{name}", response_model=TemplateInfo)

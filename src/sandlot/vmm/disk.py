@@ -1,14 +1,25 @@
-"""qcow2 disks: overlays on a backing image, and flattening a chain onto its base."""
+"""qcow2 disks: overlays on a backing image, flattening, and a running VM's disk chain.
+
+A VM's disk is always three layers (`DiskChain`): its own overlay, its source's disk (the
+snapshot or template it was restored from: a qcow2 layer on the template's raw root
+filesystem), and that root filesystem. A capture freezes the own overlay at the instant of the
+RAM and stacks a new one on it; the frozen layer and the source's become the snapshot's own
+two-layer disk (`flatten_pair`), and the frozen layer is merged into the new overlay in the
+background (`compact`), so the chain is three layers again however many captures a VM takes.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import VmmError
 
 QEMU_IMG = "qemu-img"
+CLUSTER = 65536
 
 
 async def _qemu_img(*args: str) -> str:
@@ -24,7 +35,7 @@ async def _qemu_img(*args: str) -> str:
 async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int) -> None:
     """A new empty qcow2 on `backing` (not opened: -u, so a busy backing file is fine)."""
     await _qemu_img("create", "-q", "-f", "qcow2", "-u", "-b", str(backing), "-F", backing_fmt,
-                    "-o", "cluster_size=65536", str(path), str(size))
+                    "-o", f"cluster_size={CLUSTER}", str(path), str(size))
 
 
 async def flatten_onto(src: Path, dst: Path, base: Path, base_fmt: str) -> None:
@@ -35,7 +46,7 @@ async def flatten_onto(src: Path, dst: Path, base: Path, base_fmt: str) -> None:
     """
     tmp = dst.with_suffix(".tmp")
     await _qemu_img("convert", "-U", "-q", "-O", "qcow2", "-B", str(base), "-F", base_fmt,
-                    "-o", "cluster_size=65536", str(src), str(tmp))
+                    "-o", f"cluster_size={CLUSTER}", str(src), str(tmp))
     tmp.replace(dst)
 
 
@@ -59,22 +70,126 @@ async def flatten_pair(top: Path, lower: Path, dst: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-async def merge_below_top(machine, base_file: Path, timeout: float = 600) -> None:
-    """Copy the layers between `machine`'s top disk node and `base_file` into the top node
-    (QMP block-stream), so its backing chain is top <- base_file again; the merged layers are
-    then unused. Runs while the guest runs."""
-    nodes = await machine.execute("query-named-block-nodes", {"flat": True})
-    base = next((n["node-name"] for n in nodes
-                 if n.get("drv") == "qcow2" and n.get("file") == str(base_file)), None)
-    if base is None:
-        raise VmmError(f"no disk node for {base_file}")
-    job = f"merge-{machine.top_node}"
-    await machine.execute("block-stream", {"job-id": job, "device": machine.top_node,
-                                           "base-node": base})
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while any(j.get("device") == job or j.get("id") == job
-              for j in await machine.execute("query-block-jobs")):
-        if loop.time() > deadline:
-            raise VmmError(f"block-stream {job} did not finish in {timeout}s")
-        await asyncio.sleep(0.02)
+_TOP_NAME = re.compile(r"disk-(\d+)\.qcow2$")
+
+
+@dataclass
+class DiskChain:
+    """A VM's disk: its own overlay (`top`) on its source's disk on the root filesystem.
+
+    `Machine` here is vmm.machine.Machine; every method that talks to QEMU takes it. Not safe
+    for concurrent use: the runtime calls it under the VM's lock.
+    """
+
+    dir: Path
+    source: Path  # the source's disk: qcow2 on the root filesystem, never written
+    size: int  # virtual size, bytes
+    source_fmt: str = "qcow2"  # raw: a cold boot, right on the root filesystem
+    index: int = 0
+    node: str = "disk0"  # QEMU's node name of `top`
+    frozen: Path | None = None  # a layer a capture froze, until `compact` merges it
+    _next: tuple[Path, str] | None = None
+
+    @property
+    def top(self) -> Path:
+        return self.dir / f"disk-{self.index}.qcow2"
+
+    async def create(self) -> Path:
+        """The VM's first overlay, on its source's disk."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.top.unlink(missing_ok=True)
+        await create_overlay(self.top, self.source, self.source_fmt, self.size)
+        return self.top
+
+    # ---- capture: open_next before the pause, stack_next in it -------------------------
+
+    async def open_next(self, machine) -> None:
+        """Create and open the next overlay (not yet in the chain), so the pause only stacks
+        it. Its backing is the current top, which it will freeze."""
+        path = self.dir / f"disk-{self.index + 1}.qcow2"
+        node = f"ov{self.index + 1}"
+        await create_overlay(path, self.top, "qcow2", self.size)
+        try:
+            await machine.execute("blockdev-add", {
+                "driver": "qcow2", "node-name": node, "backing": None,
+                "file": {"driver": "file", "filename": str(path), "aio": "threads"},
+            })
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        self._next = (path, node)
+
+    async def stack_next(self, machine) -> None:
+        """With the VM stopped: the opened overlay goes on top; the old top is frozen."""
+        if self._next is None:
+            raise VmmError("no overlay opened to stack")
+        path, node = self._next
+        await machine.execute("blockdev-snapshot", {"node": self.node, "overlay": node})
+        self.frozen = self.top
+        self.index += 1
+        self.node = node
+        self._next = None
+        machine.spec = machine.spec.with_(disk=path)
+        machine.spec.save()
+
+    async def drop_next(self, machine) -> None:
+        """A capture failed before `stack_next`: close and remove the opened overlay."""
+        if self._next is None:
+            return
+        path, node = self._next
+        self._next = None
+        try:
+            await machine.execute("blockdev-del", {"node-name": node})
+        except VmmError:
+            pass
+        path.unlink(missing_ok=True)
+
+    async def flatten_frozen(self, out: Path) -> None:
+        """The snapshot's own disk: the frozen layer over the source's, on the root fs."""
+        if self.frozen is None:
+            raise VmmError("no frozen disk layer to flatten")
+        if self.source_fmt == "qcow2":
+            await flatten_pair(self.frozen, self.source, out)
+        else:
+            await flatten_onto(self.frozen, out, self.source, self.source_fmt)
+
+    async def compact(self, machine, timeout: float = 600) -> None:
+        """Merge the frozen layer into the top (QMP block-stream), so the chain is top <-
+        source again, and remove it. Runs while the guest runs."""
+        if self.frozen is None:
+            return
+        nodes = await machine.execute("query-named-block-nodes", {"flat": True})
+        base = next((n["node-name"] for n in nodes
+                     if n.get("drv") == self.source_fmt and n.get("file") == str(self.source)),
+                    None)
+        if base is None:
+            raise VmmError(f"no disk node for {self.source}")
+        job = f"merge-{self.node}"
+        await machine.execute("block-stream", {"job-id": job, "device": self.node,
+                                               "base-node": base})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(j.get("device") == job or j.get("id") == job
+                  for j in await machine.execute("query-block-jobs")):
+            if loop.time() > deadline:
+                raise VmmError(f"block-stream {job} did not finish in {timeout}s")
+            await asyncio.sleep(0.02)
+        self.frozen.unlink(missing_ok=True)
+        self.frozen = None
+
+    # ---- persistence ----------------------------------------------------------------------
+
+    @classmethod
+    async def adopt(cls, dir: Path, source: Path, size: int, machine) -> DiskChain:
+        """The chain of a VM an earlier server process left running, as QEMU has it (a
+        capture may have stacked an overlay whose merge never ran)."""
+        node, top, backing = await machine.top_disk()
+        match = _TOP_NAME.search(top.name)
+        chain = cls(dir=dir, source=source, size=size, index=int(match.group(1)) if match else 0,
+                    node=node)
+        if backing and Path(backing) != source:
+            chain.frozen = Path(backing)
+        return chain
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""One QEMU process: its command line, its QMP session, its lifetime.
+"""One QEMU process: its command line, its QMP session, its lifetime and state.
 
-The device model is fixed here and must not vary between a snapshot and its restores: q35, RAM in
-a memory backend named ``mem``, one virtio-blk disk, virtio-serial with the agent port, virtio-rng,
-one virtio-net NIC, with room for memory and CPU hotplug.
+The device model is fixed here and must not vary between a snapshot and its restores: q35 (a
+versioned machine type, vmm/qemu.py), RAM in a memory backend named ``mem``, one virtio-blk
+disk, virtio-serial with the agent port, virtio-rng, one virtio-net NIC, with room for one
+hotplugged DIMM.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import logging
 import os
 import signal
 from dataclasses import asdict, dataclass, fields, replace
+from enum import StrEnum
 from pathlib import Path
 
 from qemu.qmp import QMPClient, QMPError
 
-from sandlot.errors import VmmError
+from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
+from sandlot.vmm.qemu import QEMU
 
 log = logging.getLogger(__name__)
-
-QEMU = "qemu-system-x86_64"
 # No backend state in the migration stream (QEMU's user network has a 'slirp' section), so a
 # snapshot loads whatever backend its restore uses. Packets sent here go nowhere.
 NO_NETWORK = "hubport,id=net0,hubid=0"
@@ -58,7 +59,8 @@ class MachineSpec:
     kernel: Path
     initrd: Path
     disk: Path
-    memory_mb: int = 512
+    machine_type: str  # versioned (pc-q35-7.2): a snapshot loads only into its own
+    base_mb: int = 512  # the main RAM backend
     cpus: int = 1  # online in the guest; QEMU always has MAX_CPUS
     accel: str = "tcg"
     ram_path: Path | None = None  # None: anonymous RAM (cold boot)
@@ -79,7 +81,10 @@ class MachineSpec:
     @classmethod
     def from_json(cls, text: str) -> MachineSpec:
         known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in json.loads(text).items() if k in known}
+        data = json.loads(text)
+        data.setdefault("base_mb", data.get("memory_mb", 512))  # its name before 0.2
+        data.setdefault("machine_type", "q35")
+        data = {k: v for k, v in data.items() if k in known}
         for key in ("run_dir", "kernel", "initrd", "disk", "ram_path", "dimm_path"):
             if data.get(key) is not None:
                 data[key] = Path(data[key])
@@ -107,12 +112,13 @@ class MachineSpec:
         return f"memory-backend-file,id={name},size={size_mb}M,mem-path={path},share={share}"
 
     def command(self) -> list[str]:
-        mem = f"{self.memory_mb}M"
-        backend = self._backend("mem", self.memory_mb, self.ram_path)
+        mem = f"{self.base_mb}M"
+        backend = self._backend("mem", self.base_mb, self.ram_path)
         cmd = [
             *self.exec_prefix,
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
-            "-machine", "q35,memory-backend=mem,vmport=off,smbus=off,sata=off,usb=off",
+            "-machine", f"{self.machine_type},memory-backend=mem,vmport=off,smbus=off,sata=off,"
+            "usb=off",
             *accel_args(self.accel),
             # Every VM has MAX_CPUS vCPUs; the guest boots with one online (maxcpus=1) and the
             # agent onlines `cpus` of them. No CPU hotplug: snapshots load anywhere.
@@ -149,8 +155,31 @@ class MachineSpec:
                 "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
 
 
+class MachineState(StrEnum):
+    LAUNCHING = "launching"  # process started, QMP not yet connected
+    LOADING = "loading"  # waiting for or loading an incoming migration (a restore)
+    PAUSED = "paused"
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+MACHINE_TRANSITIONS: dict[MachineState, set[MachineState]] = {
+    MachineState.LAUNCHING: {MachineState.LOADING, MachineState.PAUSED, MachineState.RUNNING,
+                             MachineState.EXITED},
+    MachineState.LOADING: {MachineState.PAUSED, MachineState.EXITED},
+    MachineState.PAUSED: {MachineState.RUNNING, MachineState.EXITED},
+    MachineState.RUNNING: {MachineState.PAUSED, MachineState.EXITED},
+    MachineState.EXITED: set(),
+}
+
+
 class Machine:
-    """A running QEMU process and its QMP session (async only)."""
+    """A running QEMU process and its QMP session (async only).
+
+    `state` follows what sandlot did and saw (launch, load, stop, cont, exit); `cont` and
+    `stop` check it first and raise InvalidStateError when the machine is not in a state
+    that allows them.
+    """
 
     def __init__(self, spec: MachineSpec, pid: int,
                  proc: asyncio.subprocess.Process | None) -> None:
@@ -159,8 +188,41 @@ class Machine:
         self._proc = proc
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
-        self.top_node = "disk0"
-        self.backing_file: str | None = None  # known after adopt()
+        self.state = MachineState.LAUNCHING
+
+    def _move(self, new: MachineState) -> None:
+        if new != self.state and new not in MACHINE_TRANSITIONS[self.state]:
+            raise InvalidStateError(
+                f"QEMU {self.pid} is {self.state.value}, cannot become {new.value}",
+                current=self.state.value,
+                allowed=tuple(s.value for s, nxt in MACHINE_TRANSITIONS.items() if new in nxt))
+        self.state = new
+
+    def _require(self, *allowed: MachineState) -> None:
+        if self.exited:
+            self._move(MachineState.EXITED)
+        if self.state not in allowed:
+            raise InvalidStateError(f"QEMU {self.pid} is {self.state.value}",
+                                    current=self.state.value,
+                                    allowed=tuple(s.value for s in allowed))
+
+    async def cont(self) -> None:
+        """Run the paused VM."""
+        self._require(MachineState.PAUSED)
+        await self.execute("cont")
+        self._move(MachineState.RUNNING)
+
+    async def stop(self) -> None:
+        """Pause the running VM."""
+        self._require(MachineState.RUNNING)
+        await self.execute("stop")
+        self._move(MachineState.PAUSED)
+
+    async def ensure_running(self) -> None:
+        """Run the VM again if it is not running (after a capture, whatever happened)."""
+        if await self.status() != "running":
+            await self.execute("cont")
+        self._move(MachineState.RUNNING)
 
     @classmethod
     async def launch(cls, spec: MachineSpec, timeout: float = 30.0) -> Machine:
@@ -185,29 +247,31 @@ class Machine:
         except BaseException:
             await machine.kill()
             raise
+        machine._move(MachineState.LOADING if spec.incoming else MachineState.RUNNING)
         return machine
 
     @classmethod
     async def adopt(cls, spec: MachineSpec, pid: int, timeout: float = 5.0) -> Machine:
-        """Re-attach to a QEMU left running by an earlier server process.
-
-        Learns the current top disk node from QEMU (a snapshot may have moved it), and resumes
-        a VM an interrupted snapshot left paused.
-        """
+        """Re-attach to a QEMU left running by an earlier server process, and resume a VM
+        an interrupted snapshot left paused."""
         machine = cls(spec, pid, None)
         await machine._connect_qmp(timeout)
-        for dev in await machine.execute("query-block"):
-            inserted = dev.get("inserted") or {}
-            if inserted.get("node-name"):
-                machine.top_node = inserted["node-name"]
-                machine.spec = machine.spec.with_(disk=Path(inserted["file"]))
-                machine.backing_file = inserted.get("backing_file")
         status = await machine.status()
         if status != "running":
             with contextlib.suppress(VmmError):
                 await machine.execute("migrate_cancel")
             await machine.execute("cont")
+        machine._move(MachineState.RUNNING)
         return machine
+
+    async def top_disk(self) -> tuple[str, Path, str | None]:
+        """(node name, file, backing file) of the disk the guest sees, as QEMU has it."""
+        for dev in await self.execute("query-block"):
+            inserted = dev.get("inserted") or {}
+            if inserted.get("node-name"):
+                return (inserted["node-name"], Path(inserted["file"]),
+                        inserted.get("backing_file"))
+        raise VmmError(f"QEMU {self.pid} has no disk")
 
     async def _connect_qmp(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -270,7 +334,8 @@ class Machine:
         return await self.execute("query-migrate")
 
     async def wait_running(self, timeout: float = 60.0, poll: float = 0.001) -> None:
-        """Poll until the VM runs; a migration that fails first raises."""
+        """Poll until the VM runs (QEMU resumes it by itself, e.g. in a background
+        snapshot); a migration that fails first raises."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while await self.status() != "running":
@@ -281,6 +346,7 @@ class Machine:
             if loop.time() > deadline:
                 raise VmmError(f"the VM did not run again within {timeout}s")
             await asyncio.sleep(poll)
+        self._move(MachineState.RUNNING)
 
     async def wait_migration(self, states: tuple[str, ...], timeout: float = 120.0,
                              poll: float = 0.002) -> dict:
@@ -311,6 +377,7 @@ class Machine:
                 raise VmmError(f"QEMU failed while loading the snapshot: "
                                f"{self.log_tail(800) or e}") from e
             if status in ("paused", "running", "prelaunch"):
+                self._move(MachineState.PAUSED)
                 return
             if status not in ("inmigrate",):
                 raise VmmError(f"incoming migration ended in state {status}: "
@@ -323,15 +390,21 @@ class Machine:
 
     @property
     def exited(self) -> bool:
-        if self._proc is not None:
-            return self._proc.returncode is not None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
+        if self.state == MachineState.EXITED:
             return True
-        except PermissionError:
-            return False
-        return False
+        if self._proc is not None:
+            gone = self._proc.returncode is not None
+        else:
+            try:
+                os.kill(self.pid, 0)
+                gone = False
+            except ProcessLookupError:
+                gone = True
+            except PermissionError:
+                gone = False
+        if gone:
+            self.state = MachineState.EXITED
+        return gone
 
     async def kill(self, grace: float = 0.0) -> None:
         """Stop the process (SIGKILL after `grace` seconds of asking nicely) and reap it."""
@@ -343,6 +416,7 @@ class Machine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         await self._reap(5.0)
+        self.state = MachineState.EXITED
         await self.disconnect()
 
     async def disconnect(self) -> None:
@@ -371,7 +445,7 @@ def _device_model() -> str:
     changes it; template builds hash it in and get rebuilt, and restores check it.
     """
     spec = MachineSpec(run_dir=Path("/r"), kernel=Path("/k"), initrd=Path("/i"),
-                       disk=Path("/d"), ram_path=Path("/m"))
+                       disk=Path("/d"), ram_path=Path("/m"), machine_type="<machine>")
     model = " ".join(spec.command())
     return hashlib.sha256(model.encode()).hexdigest()[:12]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import VmmError
-from sandlot.vmm.disk import create_overlay
+from sandlot.vmm.disk import DiskChain, create_overlay
 from sandlot.vmm.machine import NO_NETWORK, Machine, MachineSpec
 
 MIGRATE_PARAMS = {
@@ -50,14 +50,14 @@ class CaptureResult:
     ram: Path
     dimm: Path | None
     devstate: Path
-    disk: Path  # the frozen overlay (its backing chain holds the rest)
     pause_ms: float  # source stopped -> running again, as the host saw it
     total_ms: float
 
 
-async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir: Path,
-                  node_name: str, *, live: bool = True) -> CaptureResult:
-    """Snapshot `source` into `out_dir` (ram, devstate); its disk moves to `new_overlay`.
+async def capture(source: Machine, disks: DiskChain, out_dir: Path, holder_dir: Path, *,
+                  live: bool = True) -> CaptureResult:
+    """Snapshot `source` into `out_dir` (ram, devstate); its disk chain freezes its top layer
+    (`disks.frozen`) at the RAM's instant and goes on on a new one.
 
     `live`: background snapshot (the source pauses for milliseconds); else stop and copy. On
     failure the source runs again (on the new overlay if it got that far); nothing is written
@@ -65,15 +65,13 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     """
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    frozen_disk = source.spec.disk
     ram = out_dir / "ram"
     devstate = out_dir / "devstate"
     holder_dir.mkdir(parents=True, exist_ok=True)
     holder_disk = holder_dir / "disk.qcow2"
-    size = await _disk_size(source)
     # The holder's disk, and the source's next overlay: made now, so the pause only stacks it.
-    await asyncio.gather(create_overlay(holder_disk, frozen_disk, "qcow2", size),
-                         create_overlay(new_overlay, frozen_disk, "qcow2", size))
+    await asyncio.gather(create_overlay(holder_disk, disks.top, "qcow2", disks.size),
+                         disks.open_next(source))
     holder_spec = source.spec.with_(
         run_dir=holder_dir, disk=holder_disk, ram_path=ram, ram_share=True, incoming=True,
         netdev=NO_NETWORK, exec_prefix=(),
@@ -82,7 +80,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
     try:
         holder = await Machine.launch(holder_spec)
     except BaseException:
-        new_overlay.unlink(missing_ok=True)
+        await disks.drop_next(source)
         shutil.rmtree(holder_dir, ignore_errors=True)
         raise
     paused_at = resumed_at = 0.0
@@ -97,23 +95,15 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             {"capability": "background-snapshot", "state": live},
         ]})
         await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
-        await source.execute("blockdev-add", {
-            "driver": "qcow2", "node-name": node_name, "backing": None,
-            "file": {"driver": "file", "filename": str(new_overlay), "aio": "threads"},
-        })
         if live:
             # Write-protecting RAM needs its pages mapped; QEMU maps the missing ones while
             # the source is stopped. Map them now, while it runs, so the pause stays short.
             await asyncio.to_thread(populate_ram, source)
         paused_at = time.monotonic()
-        await source.execute("stop")
+        await source.stop()
         try:
-            await source.execute("blockdev-snapshot", {
-                "node": source.top_node, "overlay": node_name})
+            await disks.stack_next(source)
             stacked = True
-            source.top_node = node_name
-            source.spec = source.spec.with_(disk=new_overlay)
-            source.spec.save()
             await source.execute("migrate", {"uri": f"unix:{sock}"})
             if live:  # QEMU runs the source again once its RAM is write-protected
                 await source.wait_running(timeout=60)
@@ -125,8 +115,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
             raise
         finally:
             with contextlib.suppress(VmmError):
-                if await source.status() != "running":
-                    await source.execute("cont")
+                await source.ensure_running()
             resumed_at = resumed_at or time.monotonic()
             with contextlib.suppress(VmmError):
                 await source.execute("migrate-set-capabilities", {"capabilities": [
@@ -138,9 +127,7 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
         await holder.wait_migration(("completed",), timeout=60)
     except BaseException as e:
         if not stacked:  # the source stays on its disk: drop the overlay it did not take
-            with contextlib.suppress(VmmError):
-                await source.execute("blockdev-del", {"node-name": node_name})
-            new_overlay.unlink(missing_ok=True)
+            await disks.drop_next(source)
         if isinstance(e, VmmError):
             raise VmmError(f"{e.message} (holder: {holder.log_tail(600) or 'no output'})") from e
         raise
@@ -148,18 +135,8 @@ async def capture(source: Machine, out_dir: Path, new_overlay: Path, holder_dir:
         await holder.kill()
         shutil.rmtree(holder_dir, ignore_errors=True)
     return CaptureResult(ram=ram, dimm=holder_spec.dimm_path, devstate=devstate,
-                         disk=frozen_disk,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000)
-
-
-async def _disk_size(machine: Machine) -> int:
-    """The virtual size of the machine's disk."""
-    for dev in await machine.execute("query-block"):
-        inserted = dev.get("inserted")
-        if inserted and inserted.get("node-name") == machine.top_node:
-            return int(inserted["image"]["virtual-size"])
-    raise VmmError(f"no disk node {machine.top_node!r} in the VM")
 
 
 def populate_ram(machine: Machine) -> None:

@@ -16,7 +16,6 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
-from sandlot.core.service import Core
 from sandlot.errors import (
     AuthenticationError,
     ConflictError,
@@ -28,7 +27,6 @@ from sandlot.server.auth import bearer_key
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
-from sandlot.server.e2b.lifecycle import is_pause_snapshot
 from sandlot.server.e2b.state import E2BState, e2b_state
 
 PREFIX = "/e2b"
@@ -172,11 +170,6 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
     return _answer(st, rec, 201)
 
 
-def _all_sandboxes(c: Core, st: E2BState) -> list[tuple[SandboxRecord, str]]:
-    running = [(r, "running") for r in c.sandboxes.list()]
-    return running + [(r, "paused") for r in st.lifecycle.paused()]
-
-
 def _metadata_query(raw: str | None) -> dict[str, str]:
     # The SDK sends urlencode({quote(k): quote(v)}) as one query parameter.
     if not raw:
@@ -202,13 +195,13 @@ def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict
 async def list_sandboxes(request: Request, metadata: str | None = None,
                          state: str | None = None, template: str | None = None,
                          order: str | None = None, limit: int | None = None) -> JSONResponse:
-    c, st = core(request), e2b_state(request)
+    st = e2b_state(request)
     q = request.query_params
     next_token = q.get("nextToken")
     started_after = q.get("startedAfter")
     wanted = _metadata_query(metadata)
     states = {s for part in (state or "").split(",") if (s := part.strip())}
-    items = _all_sandboxes(c, st)
+    items = st.lifecycle.listed()
     if wanted:
         items = [(r, s) for r, s in items if all(r.metadata.get(k) == v
                                                  for k, v in wanted.items())]
@@ -339,8 +332,7 @@ async def list_snapshots(request: Request, name: str | None = None,
     c = core(request)
     q = request.query_params
     sandbox_id = q.get("sandboxID")
-    snaps = [s for s in c.snapshots.list(sandbox_id)
-             if not is_pause_snapshot(s) and s.state != SnapshotState.FAILED]
+    snaps = [s for s in c.snapshots.list(sandbox_id) if s.state != SnapshotState.FAILED]
     if name:
         snaps = [s for s in snaps if name in (s.name, s.snapshot_id)]
     snaps.sort(key=lambda s: s.created_at)
@@ -359,7 +351,7 @@ async def delete_template(template_id: str, request: Request) -> Response:
             raise Unsupported(f"{template_id!r} is a sandlot template; remove templates on the "
                               "server host with `sandlot template rm`") from None
         raise
-    await c.snapshots.wait_ready(snap.snapshot_id, timeout=600)
+    await c.snapshots.wait(snap.snapshot_id, 600)
     c.snapshots.delete(snap.snapshot_id)
     return Response(status_code=204)
 

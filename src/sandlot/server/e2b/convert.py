@@ -8,7 +8,7 @@ import posixpath
 import stat as statmod
 from datetime import UTC, datetime, timedelta
 
-from sandlot.core.models import SandboxRecord
+from sandlot.core.models import FileInfo, SandboxRecord
 from sandlot.errors import AuthenticationError, InvalidArgumentError
 
 # The envd version sandlot reports: every feature the SDK gates on at or below it is served
@@ -87,24 +87,22 @@ def permissions(kind: str, mode: int) -> str:
     return text
 
 
-def entry_info(entry: dict) -> dict:
-    """An agent entry (see guest/agent.py `entry`) as envd's ``filesystem.EntryInfo``."""
-    kind = entry.get("type", "other")
-    mode = int(entry.get("mode", 0))
+def entry_info(entry: FileInfo) -> dict:
+    """A sandbox file entry as envd's ``filesystem.EntryInfo``."""
     out = {
-        "name": entry.get("name", ""),
-        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
-        "path": entry.get("path", ""),
-        "size": str(int(entry.get("size", 0))),
-        "mode": mode & 0o777,
-        "permissions": permissions(kind, mode),
-        "owner": entry.get("owner", ""),
+        "name": entry.name,
+        "type": FILE_TYPES.get(entry.type, "FILE_TYPE_UNSPECIFIED"),
+        "path": entry.path,
+        "size": str(entry.size),
+        "mode": entry.mode & 0o777,
+        "permissions": permissions(entry.type, entry.mode),
+        "owner": entry.owner,
         # The agent reports no group; sandlot's guest users each have a group of their name.
-        "group": entry.get("owner", ""),
-        "modifiedTime": rfc3339(float(entry.get("mtime", 0))),
+        "group": entry.owner,
+        "modifiedTime": rfc3339(entry.mtime),
     }
-    if kind == "symlink" and entry.get("target") is not None:
-        out["symlinkTarget"] = entry["target"]
+    if entry.type == "symlink" and entry.target is not None:
+        out["symlinkTarget"] = entry.target
     return out
 
 

@@ -34,7 +34,7 @@ async def download(ctx: Envd, request: Request) -> Response:
     if not path:
         raise InvalidArgumentError("the path query parameter is required")
     path = resolve(path, _user(ctx, request))
-    size, chunks = await ctx.core.files.read_file(ctx.sandbox_id, path)
+    size, chunks = await ctx.core.files.read(ctx.sandbox_id, path)
     return StreamingResponse(chunks, media_type="application/octet-stream",
                              headers={"content-length": str(size)})
 
@@ -78,13 +78,13 @@ async def upload(ctx: Envd, request: Request) -> Response:
             if not target:
                 raise InvalidArgumentError("a file part needs a file name or the path parameter")
             target = resolve(target, user)
-            await ctx.core.files.write_file(ctx.sandbox_id, target, reader.body(), user)
+            await ctx.core.files.write(ctx.sandbox_id, target, reader.body(), user)
             written.append(write_info(target))
     else:
         if not path_param:
             raise InvalidArgumentError("the path query parameter is required")
         target = resolve(path_param, user)
-        await ctx.core.files.write_file(ctx.sandbox_id, target, chunks, user)
+        await ctx.core.files.write(ctx.sandbox_id, target, chunks, user)
         written.append(write_info(target))
     if not written:
         raise InvalidArgumentError("the upload holds no file")

@@ -14,6 +14,7 @@ import posixpath
 import secrets
 from collections.abc import AsyncIterator
 
+from sandlot.core.models import FileInfo
 from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError, SandlotError
 from sandlot.server.e2b.connect import field
 from sandlot.server.e2b.convert import entry_info, resolve
@@ -31,34 +32,34 @@ def _path(ctx: Envd, msg: dict) -> str:
 
 
 async def stat(ctx: Envd, msg: dict) -> dict:
-    return {"entry": entry_info(await ctx.file_op("stat", path=_path(ctx, msg)))}
+    return {"entry": entry_info(await ctx.files.stat(ctx.sandbox_id, _path(ctx, msg)))}
 
 
 async def list_dir(ctx: Envd, msg: dict) -> dict:
     depth = int(field(msg, "depth") or 1)
     if depth < 1:
         raise InvalidArgumentError("depth must be at least 1")
-    reply = await ctx.file_op("list", path=_path(ctx, msg), depth=depth)
-    return {"entries": [entry_info(e) for e in reply["entries"]]}
+    entries = await ctx.files.list(ctx.sandbox_id, _path(ctx, msg), depth)
+    return {"entries": [entry_info(e) for e in entries]}
 
 
 async def make_dir(ctx: Envd, msg: dict) -> dict:
     path = _path(ctx, msg)
-    reply = await ctx.file_op("mkdir", path=path, user=ctx.user)
-    if not reply.get("created"):
+    made = await ctx.files.mkdir(ctx.sandbox_id, path, ctx.user)
+    if not made.created:
         raise ConflictError(f"directory {path} already exists")
-    return {"entry": entry_info(reply)}
+    return {"entry": entry_info(made)}
 
 
 async def move(ctx: Envd, msg: dict) -> dict:
     src = resolve(field(msg, "source"), ctx.user)
     dst = resolve(field(msg, "destination"), ctx.user)
-    await ctx.file_op("mkdir", path=posixpath.dirname(dst) or "/", user=ctx.user)
-    return {"entry": entry_info(await ctx.file_op("rename", src=src, dst=dst))}
+    await ctx.files.mkdir(ctx.sandbox_id, posixpath.dirname(dst) or "/", ctx.user)
+    return {"entry": entry_info(await ctx.files.rename(ctx.sandbox_id, src, dst))}
 
 
 async def remove(ctx: Envd, msg: dict) -> dict:
-    await ctx.file_op("remove", path=_path(ctx, msg))
+    await ctx.files.remove(ctx.sandbox_id, _path(ctx, msg))
     return {}
 
 
@@ -73,23 +74,23 @@ class Watcher:
         self.path = path
         self.recursive = recursive
         self.include_entry = include_entry
-        self.last: dict[str, dict] = {}
+        self.last: dict[str, FileInfo] = {}
 
     async def start(self) -> None:
-        entry = await self.ctx.file_op("stat", path=self.path)
-        if entry.get("type") != "dir":
+        entry = await self.ctx.files.stat(self.ctx.sandbox_id, self.path)
+        if entry.type != "dir":
             raise InvalidArgumentError(f"{self.path} is not a directory")
         self.last = await self._look()
 
-    async def _look(self) -> dict[str, dict]:
+    async def _look(self) -> dict[str, FileInfo]:
         depth = RECURSIVE_DEPTH if self.recursive else 1
         try:
-            reply = await self.ctx.file_op("list", path=self.path, depth=depth)
+            entries = await self.ctx.files.list(self.ctx.sandbox_id, self.path, depth)
         except NotFoundError:
             return {}  # the directory itself went away: everything in it was removed
-        return {e["path"]: e for e in reply["entries"]}
+        return {e.path: e for e in entries}
 
-    def _event(self, path: str, kind: str, entry: dict | None) -> dict:
+    def _event(self, path: str, kind: str, entry: FileInfo | None) -> dict:
         ev = {"name": posixpath.relpath(path, self.path), "type": f"EVENT_TYPE_{kind}"}
         if self.include_entry and entry is not None:
             ev["entry"] = entry_info(entry)
@@ -102,14 +103,13 @@ class Watcher:
             events.append(self._event(path, "CREATE", now[path]))
         for path in sorted(now.keys() & self.last.keys()):
             old, new = self.last[path], now[path]
-            if old["type"] != new["type"]:
+            if old.type != new.type:
                 events.append(self._event(path, "REMOVE", None))
                 events.append(self._event(path, "CREATE", new))
-            elif new["type"] != "dir" and (old["size"], old["mtime"]) != (new["size"],
-                                                                        new["mtime"]):
+            elif new.type != "dir" and (old.size, old.mtime) != (new.size, new.mtime):
                 # A directory's mtime moves with its entries, which get events of their own.
                 events.append(self._event(path, "WRITE", new))
-            elif (old["mode"], old["owner"]) != (new["mode"], new["owner"]):
+            elif (old.mode, old.owner) != (new.mode, new.owner):
                 events.append(self._event(path, "CHMOD", new))
         for path in sorted(self.last.keys() - now.keys()):
             events.append(self._event(path, "REMOVE", None))

@@ -15,7 +15,8 @@ import signal
 from collections import deque
 from collections.abc import AsyncIterator
 
-from sandlot.core.models import ExecRequest
+from sandlot.core.commands import ExecEvent, Exited, Output
+from sandlot.core.models import ExecRequest, ProcessInfo
 from sandlot.errors import InvalidArgumentError, NotFoundError, SandlotError
 from sandlot.server.e2b.connect import b64decode, b64encode, field
 from sandlot.server.e2b.convert import resolve
@@ -32,10 +33,10 @@ SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM,
 class EventPump:
     """Reads an event stream in its own task into a bounded buffer."""
 
-    def __init__(self, events: AsyncIterator[dict], limit: int = MAX_UNREAD) -> None:
+    def __init__(self, events: AsyncIterator[ExecEvent], limit: int = MAX_UNREAD) -> None:
         self._events = events
         self._limit = limit
-        self._items: deque[dict] = deque()
+        self._items: deque[ExecEvent] = deque()
         self._size = 0
         self._more = asyncio.Event()
         self._done = False
@@ -45,7 +46,7 @@ class EventPump:
     async def _run(self) -> None:
         try:
             async for ev in self._events:
-                n = len(ev.get("data") or b"")
+                n = len(ev.data) if isinstance(ev, Output) else 0
                 if self._size + n > self._limit:
                     raise OutputOverflow(
                         f"more than {self._limit >> 20} MiB of output went unread; the process "
@@ -63,7 +64,7 @@ class EventPump:
             with contextlib.suppress(Exception):
                 await self._events.aclose()
 
-    async def get(self, idle: float | None) -> dict | None:
+    async def get(self, idle: float | None) -> ExecEvent | None:
         """The next event; None after `idle` seconds without one; StopAsyncIteration at the
         end (or the stream's error)."""
         while not self._items:
@@ -77,7 +78,7 @@ class EventPump:
             except TimeoutError:
                 return None
         ev = self._items.popleft()
-        self._size -= len(ev.get("data") or b"")
+        self._size -= len(ev.data) if isinstance(ev, Output) else 0
         return ev
 
     async def close(self) -> None:
@@ -110,10 +111,10 @@ async def _follow(ctx: Envd, pid: int) -> AsyncIterator[dict]:
                 raise
             if ev is None:
                 yield _event("keepalive", {})
-            elif ev["type"] in ("stdout", "stderr"):
-                yield _event("data", {ev["type"]: b64encode(ev["data"])})
-            elif ev["type"] == "exit":
-                yield _end(int(ev["exit_code"]))
+            elif isinstance(ev, Output):
+                yield _event("data", {ev.stream: b64encode(ev.data)})
+            elif isinstance(ev, Exited):
+                yield _end(ev.exit_code or 0)
                 return
     finally:
         await pump.close()
@@ -154,7 +155,7 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
                       timeout=ctx.timeout or 0,
                       # An empty stdin closes it at once; None keeps it open for SendInput.
                       stdin=None if field(msg, "stdin") else "")
-    pid = await ctx.core.commands.start_background(ctx.sandbox_id, req)
+    pid = await ctx.core.commands.start(ctx.sandbox_id, req)
     ctx.state.remember(ctx.sandbox_id, pid, ProcessConfig(cmd, args, envs, cwd, tag))
     yield _event("start", {"pid": pid})
     async for m in _follow(ctx, pid):
@@ -163,7 +164,7 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
 
 async def connect(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
     pid = _pid(ctx, msg)
-    known = {p["pid"] for p in (await ctx.agent("ps", all=True))["processes"]}
+    known = {p.pid for p in await ctx.core.commands.list(ctx.sandbox_id, all=True)}
     if pid not in known:
         raise NotFoundError(f"process with pid {pid} not found")
     yield _event("start", {"pid": pid})
@@ -171,10 +172,10 @@ async def connect(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
         yield m
 
 
-def _config(ctx: Envd, p: dict) -> tuple[dict, str | None]:
-    cfg = ctx.state.processes.get((ctx.sandbox_id, p["pid"]))
+def _config(ctx: Envd, p: ProcessInfo) -> tuple[dict, str | None]:
+    cfg = ctx.state.processes.get((ctx.sandbox_id, p.pid))
     if cfg is None:
-        line = p.get("cmd", "")
+        line = p.cmd
         try:
             parts = shlex.split(line[5:]) if line.startswith("exec ") else []
         except ValueError:
@@ -188,12 +189,12 @@ def _config(ctx: Envd, p: dict) -> tuple[dict, str | None]:
 
 
 async def list_(ctx: Envd, msg: dict) -> dict:
-    procs = (await ctx.agent("ps"))["processes"]
-    ctx.state.forget_except(ctx.sandbox_id, {p["pid"] for p in procs})
+    procs = await ctx.core.commands.list(ctx.sandbox_id)
+    ctx.state.forget_except(ctx.sandbox_id, {p.pid for p in procs})
     out = []
     for p in procs:
         config, tag = _config(ctx, p)
-        info = {"config": config, "pid": p["pid"]}
+        info = {"config": config, "pid": p.pid}
         if tag is not None:
             info["tag"] = tag
         out.append(info)
@@ -201,12 +202,13 @@ async def list_(ctx: Envd, msg: dict) -> dict:
 
 
 async def send_input(ctx: Envd, msg: dict) -> dict:
-    await ctx.agent("stdin", _stdin_bytes(field(msg, "input")), pid=_pid(ctx, msg), eof=False)
+    await ctx.core.commands.send_stdin(ctx.sandbox_id, _pid(ctx, msg),
+                                       _stdin_bytes(field(msg, "input")))
     return {}
 
 
 async def close_stdin(ctx: Envd, msg: dict) -> dict:
-    await ctx.agent("stdin", b"", pid=_pid(ctx, msg), eof=True)
+    await ctx.core.commands.send_stdin(ctx.sandbox_id, _pid(ctx, msg), b"", eof=True)
     return {}
 
 
@@ -217,9 +219,9 @@ async def send_signal(ctx: Envd, msg: dict) -> dict:
     pid = _pid(ctx, msg)
     # Ask ps first: the agent's own "killed" flag can read False when the process dies
     # between the signal and the reply.
-    if pid not in {p["pid"] for p in (await ctx.agent("ps"))["processes"]}:
+    if pid not in {p.pid for p in await ctx.core.commands.list(ctx.sandbox_id)}:
         raise NotFoundError(f"process with pid {pid} not found (it is not running)")
-    await ctx.agent("kill", pid=pid, signal=int(sig))
+    await ctx.core.commands.kill(ctx.sandbox_id, pid, int(sig))
     return {}
 
 
@@ -233,7 +235,7 @@ async def stream_input(ctx: Envd, messages: AsyncIterator[dict]) -> dict:
                 raise InvalidArgumentError("StreamInput must open with a start event")
             data = _stdin_bytes(field(m["data"] or {}, "input"))
             if data:
-                await ctx.agent("stdin", data, pid=pid, eof=False)
+                await ctx.core.commands.send_stdin(ctx.sandbox_id, pid, data)
     return {}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fastapi import Request
 
+from sandlot.core.files import Files
 from sandlot.core.service import Core
 from sandlot.server.deps import core
 from sandlot.server.e2b.errors import SandboxNotRunning
@@ -91,11 +92,9 @@ class Envd:
         if self.sandbox_id not in self.core.sandboxes.live:
             raise SandboxNotRunning(self.sandbox_id)
 
-    async def agent(self, op: str, payload: bytes = b"", **fields) -> dict:
-        return await self.core.commands.agent_call(self.sandbox_id, op, payload, **fields)
-
-    async def file_op(self, op: str, **fields) -> dict:
-        return await self.core.files.file_op(self.sandbox_id, op, **fields)
+    @property
+    def files(self) -> Files:
+        return self.core.files
 
 
 def e2b_state(request: Request) -> E2BState:

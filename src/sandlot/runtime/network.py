@@ -1,4 +1,4 @@
-"""Sandbox networking in core: a namespace per sandbox (vmm.network), driven from records.
+"""Sandbox networking for the runtime: a namespace per VM (vmm.network), async.
 
 Off when ``SANDLOT_NETWORK=off`` (sandboxes then get QEMU's restricted user network: no
 outbound access at all). ``SANDLOT_DNS`` (comma-separated) overrides the upstream resolvers.
@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 
-from sandlot.core.models import SandboxRecord
 from sandlot.errors import InvalidArgumentError
 from sandlot.vmm.network import NetworkManager, NetworkPolicy, SandboxNetwork
 
@@ -24,15 +23,8 @@ def network_owner(instance: str) -> str:
     return re.sub(r"[^a-z0-9]", "", instance.lower())[:16]
 
 
-def policy_of(rec: SandboxRecord) -> NetworkPolicy:
-    net = rec.network
-    return NetworkPolicy(internet=rec.internet,
-                         allow_out=tuple(net.allow_out) if net else (),
-                         deny_out=tuple(net.deny_out) if net else ())
-
-
 class Networking:
-    """Async face of NetworkManager for the sandbox manager."""
+    """Async face of NetworkManager for the runtime."""
 
     def __init__(self, manager: NetworkManager) -> None:
         self.manager = manager
@@ -49,32 +41,31 @@ class Networking:
         owner = network_owner(os.environ.get("SANDLOT_INSTANCE", ""))
         return cls(NetworkManager(dns_servers=dns or None, pool=pool, owner=owner))
 
-    async def attach(self, rec: SandboxRecord) -> SandboxNetwork:
-        return await asyncio.to_thread(self.manager.setup, rec.sandbox_id, policy_of(rec))
+    async def attach(self, vm_id: str, policy: NetworkPolicy) -> SandboxNetwork:
+        return await asyncio.to_thread(self.manager.setup, vm_id, policy)
 
-    async def detach(self, sandbox_id: str) -> None:
-        await asyncio.to_thread(self.manager.teardown, sandbox_id)
+    async def detach(self, vm_id: str) -> None:
+        await asyncio.to_thread(self.manager.teardown, vm_id)
 
-    async def update(self, rec: SandboxRecord) -> None:
-        await asyncio.to_thread(self.manager.update_egress, rec.sandbox_id, policy_of(rec))
+    async def update(self, vm_id: str, policy: NetworkPolicy) -> None:
+        await asyncio.to_thread(self.manager.update_egress, vm_id, policy)
 
     async def expose(self, sandbox_id: str, port: int) -> tuple[str, int]:
         if not 1 <= port <= 65535:
             raise InvalidArgumentError("port must be between 1 and 65535")
         return await self.manager.expose(sandbox_id, port)
 
-    async def recover(self, live: list[SandboxRecord]) -> list[str]:
+    async def recover(self, live: dict[str, NetworkPolicy]) -> list[str]:
         """Drop every namespace not of `live`; re-apply the live ones' egress rules.
 
         Returns the ids whose network could not be recovered.
         """
-        await asyncio.to_thread(self.manager.cleanup_stale, {r.sandbox_id for r in live})
+        await asyncio.to_thread(self.manager.cleanup_stale, set(live))
         lost = []
-        for rec in live:
+        for vm_id, policy in live.items():
             try:
-                await asyncio.to_thread(self.manager.update_egress, rec.sandbox_id,
-                                        policy_of(rec))
-            except Exception as e:  # noqa: BLE001 - reported; the sandbox is then stopped
-                log.warning("network of %s not recovered: %s", rec.sandbox_id, e)
-                lost.append(rec.sandbox_id)
+                await asyncio.to_thread(self.manager.update_egress, vm_id, policy)
+            except Exception as e:  # noqa: BLE001 - reported; the VM is then stopped
+                log.warning("network of %s not recovered: %s", vm_id, e)
+                lost.append(vm_id)
         return lost

@@ -1,0 +1,209 @@
+"""The machine layer core runs on: what it asks of a runtime, and the typed values that cross.
+
+`Runtime` owns the machine protocol: bringing a VM up from an image (restore, or a claim of one
+the warm pool restored ahead), capturing a running VM into a new image, storing and deleting
+images, a VM's network, and recovery after a restart. `QemuRuntime` (runtime/qemu.py) does it
+with QEMU VMs; `FakeRuntime` (runtime/fake.py) in memory, for tests of server and core that
+need no VM. Core depends on this module only, never on vmm or guest directly.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from sandlot.guest.client import (
+    Configure,
+    ExecEvent,
+    Exited,
+    FileEntry,
+    Output,
+    ProcessInfo,
+    Started,
+)
+from sandlot.vmm.description import MachineDescription
+from sandlot.vmm.network import NetworkPolicy
+
+__all__ = [
+    "Captured", "CaptureMode", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
+    "MachineDescription", "MachinePlan", "NetworkPolicy", "Output", "ProcessInfo", "Runtime",
+    "Started", "Stored", "Vm",
+]
+
+
+class CaptureMode(StrEnum):
+    LIVE = "live"  # the VM pauses for milliseconds; the capture finishes later (snapshots)
+    STOP = "stop"  # the VM pauses for the whole capture, which finishes sooner (forks, builds)
+
+
+@dataclass(frozen=True)
+class Image:
+    """A set of snapshot files a VM is restored from: a template's boot snapshot (key
+    ``tpl-<build>``) or a snapshot (its id)."""
+
+    key: str
+    build: str  # the template build: kernel, initramfs, root filesystem
+    machine: MachineDescription
+    persistent: bool = True  # in the store; False: a fork's, gone with its last VM
+
+    @property
+    def is_template(self) -> bool:
+        return self.key.startswith("tpl-")
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    """What a new VM should be. Memory above the image's is hotplugged; CPUs go either way."""
+
+    cpus: int
+    memory_mb: int
+    env: dict[str, str] = field(default_factory=dict)
+    generation: str = ""
+    network: NetworkPolicy | None = None  # None: no network (networking off)
+
+
+@dataclass
+class Captured:
+    """A capture's image, on local files held until `release` (or handed to `persist`)."""
+
+    image: Image
+    pause_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Stored:
+    size_bytes: int  # logical size of the image's files
+    stored_bytes: int  # what storing it added to the store
+
+
+class Guest(Protocol):
+    """The typed agent API of a running VM (guest/client.AgentClient, or a fake)."""
+
+    async def sync_clock(self) -> float: ...
+    async def configure(self, configure: Configure): ...
+    def exec(self, cmd: str, *, env: dict[str, str] | None = None, cwd: str | None = None,
+             user: str | None = None, timeout: float | None = None,
+             stdin: bytes | None = None) -> AsyncIterator[ExecEvent]: ...
+    async def start(self, cmd: str, *, env: dict[str, str] | None = None,
+                    cwd: str | None = None, user: str | None = None,
+                    timeout: float | None = None, stdin: bytes | None = None) -> int: ...
+    def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]: ...
+    async def send_stdin(self, pid: int, data: bytes, eof: bool = False) -> None: ...
+    async def kill(self, pid: int, signal: int = 9) -> bool: ...
+    async def processes(self, all: bool = False) -> list[ProcessInfo]: ...
+    async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]: ...
+    async def write(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
+                    mode: int | None = None) -> FileEntry: ...
+    async def list_dir(self, path: str, depth: int = 1) -> list[FileEntry]: ...
+    async def stat(self, path: str) -> FileEntry: ...
+    async def exists(self, path: str) -> bool: ...
+    async def remove(self, path: str) -> None: ...
+    async def mkdir(self, path: str, user: str | None = None) -> tuple[bool, FileEntry]: ...
+    async def rename(self, src: str, dst: str) -> FileEntry: ...
+
+
+class Vm(abc.ABC):
+    """A running VM."""
+
+    id: str
+    image: Image  # what it was restored from
+    cpus: int
+    memory_mb: int
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int | None: ...
+
+    @property
+    @abc.abstractmethod
+    def exited(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def guest(self) -> Guest:
+        """The agent session, reconnecting once if the link dropped."""
+
+    def diagnostics(self) -> str:
+        """What the VM printed last (console, VMM log), for error messages."""
+        return ""
+
+
+class Runtime(abc.ABC):
+    """See the module docstring. Every VM a runtime hands out is killed by `kill`."""
+
+    accel: str = "tcg"
+
+    @abc.abstractmethod
+    def check_loadable(self, machine: MachineDescription) -> None:
+        """Raise InvalidStateError saying why this host cannot restore such an image."""
+
+    @abc.abstractmethod
+    def check_plan(self, image: Image, plan: MachinePlan) -> None:
+        """Raise InvalidArgumentError if `plan` cannot be made of `image` (memory, CPUs)."""
+
+    @abc.abstractmethod
+    async def claim(self, image: Image, plan: MachinePlan) -> Vm | None:
+        """A VM the warm pool restored from `image` ahead of demand, given `plan`'s identity;
+        None when there is none of that image and shape. Its id was chosen by the pool."""
+
+    @abc.abstractmethod
+    async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
+        """A new running VM `vm_id` restored from `image`: agent connected, env, generation,
+        fresh entropy, CPUs, memory and clock set. On failure nothing of it is left."""
+
+    @abc.abstractmethod
+    async def capture(self, vm: Vm, key: str, mode: CaptureMode, *,
+                      persistent: bool = True) -> Captured:
+        """Snapshot a running VM into image `key`; the VM keeps running. Its files are held
+        until `release(key)`."""
+
+    @abc.abstractmethod
+    async def persist(self, captured: Captured, meta: dict) -> Stored:
+        """Store a captured image durably (compressed, checksummed, manifest last)."""
+
+    @abc.abstractmethod
+    def release(self, key: str) -> None:
+        """Drop a hold `capture` gave; a non-persistent image goes with its last VM."""
+
+    @abc.abstractmethod
+    async def discard(self, key: str) -> None:
+        """Delete a stored image; its local files go once no VM maps them."""
+
+    @abc.abstractmethod
+    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
+        """Cold-boot template build `build` once, let it settle, capture and store its boot
+        image (key ``tpl-<build>``). Returns the image, its sizes and the boot time (ms)."""
+
+    @abc.abstractmethod
+    async def kill(self, vm: Vm) -> None:
+        """Stop a VM and remove what it used (disks, network, run files)."""
+
+    @abc.abstractmethod
+    async def set_network(self, vm: Vm, policy: NetworkPolicy) -> None:
+        """Apply egress rules to a running VM, atomically, outside the guest."""
+
+    @abc.abstractmethod
+    async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
+        """A host address and port that reach `port` inside the VM."""
+
+    @abc.abstractmethod
+    async def recover(self, expected: dict[str, NetworkPolicy | None],
+                      keep_images: set[str]) -> dict[str, Vm]:
+        """After a restart: re-adopt the VMs in `expected` whose process still runs; remove
+        every other VM, disk, network and unheld local image not in `keep_images`."""
+
+    def keep_warm(self, images: dict[str, Image]) -> None:  # noqa: B027 - optional
+        """Keep VMs of these images (by name) restored ahead of demand."""
+
+    def pool_stats(self) -> dict[str, dict]:
+        return {}
+
+    async def start(self) -> None:  # noqa: B027 - optional
+        """Start background work (the warm pool)."""
+
+    @abc.abstractmethod
+    async def close(self, vms: list[Vm], kill: bool) -> None:
+        """Stop background work; disconnect from `vms`, or kill them."""

@@ -1,0 +1,151 @@
+"""The hot cache: uncompressed image files on tmpfs that restores map, held by leases.
+
+One directory per image key holds ``ram`` (mapped copy-on-write by every VM restored from it,
+so they share its pages), ``devstate``, ``disk.qcow2`` and, for a VM that had hotplugged memory,
+``ram.dimm``; plus ``entry.json`` (whether the image is also in the store) and ``.ok`` once the
+files are complete. Every user of an entry holds a `Lease`: each VM restored from it, and a
+capture until its upload is done. An entry that is not in the store (a fork's) goes with its
+last lease; one whose image was deleted (`discard`) too. Stored images stay cached and are
+hydrated again from the store when missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FILES = {"ram": "ram", "devstate": "devstate", "disk": "disk.qcow2", "dimm": "ram.dimm"}
+_OK = ".ok"
+_ENTRY = "entry.json"
+
+Hydrate = Callable[[dict[str, Path]], Awaitable[None]]
+
+
+@dataclass
+class Lease:
+    """A hold on one cache entry; `release` (once) lets it go."""
+
+    cache: HotCache
+    key: str
+    released: bool = field(default=False, repr=False)
+
+    def path(self, name: str) -> Path:
+        return self.cache.dir(self.key) / FILES[name]
+
+    def files(self) -> dict[str, Path]:
+        """The entry's files that exist (``dimm`` only where there is one)."""
+        return self.cache.paths(self.key)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.cache._release(self.key)
+
+
+class HotCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._leases: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def dir(self, key: str) -> Path:
+        if "/" in key or key.startswith(".") or not key:
+            raise ValueError(f"bad image key {key!r}")
+        return self.root / key
+
+    def paths(self, key: str, dimm: bool | None = None) -> dict[str, Path]:
+        d = self.dir(key)
+        out = {name: d / FILES[name] for name in ("ram", "devstate", "disk")}
+        if dimm or (dimm is None and (d / FILES["dimm"]).exists()):
+            out["dimm"] = d / FILES["dimm"]
+        return out
+
+    def ready(self, key: str) -> bool:
+        return (self.dir(key) / _OK).exists()
+
+    def holders(self, key: str) -> int:
+        return self._leases.get(key, 0)
+
+    def _entry(self, key: str) -> dict:
+        try:
+            return json.loads((self.dir(key) / _ENTRY).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_entry(self, key: str, **fields) -> None:
+        d = self.dir(key)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / (_ENTRY + ".tmp")
+        tmp.write_text(json.dumps({**self._entry(key), **fields}))
+        tmp.replace(d / _ENTRY)
+
+    def _hold(self, key: str) -> Lease:
+        self._leases[key] = self._leases.get(key, 0) + 1
+        return Lease(self, key)
+
+    async def acquire(self, key: str, dimm: bool, hydrate: Hydrate) -> Lease:
+        """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
+                self.remove(key)
+                self._write_entry(key, persistent=True)
+                await hydrate(self.paths(key, dimm))
+                self.mark_ready(key)
+            return self._hold(key)
+
+    def create(self, key: str, persistent: bool) -> Lease:
+        """A lease on a new, empty entry for a capture to fill (`mark_ready` when done)."""
+        self.remove(key)
+        self._write_entry(key, persistent=persistent)
+        return self._hold(key)
+
+    def adopt(self, key: str) -> Lease | None:
+        """After a restart: a lease on an entry a surviving VM maps."""
+        if not self.dir(key).is_dir():
+            return None
+        return self._hold(key)
+
+    def mark_ready(self, key: str) -> None:
+        (self.dir(key) / _OK).touch()
+
+    def _release(self, key: str) -> None:
+        left = self._leases.get(key, 0) - 1
+        if left > 0:
+            self._leases[key] = left
+            return
+        self._leases.pop(key, None)
+        if not self._entry(key).get("persistent", False):
+            self.remove(key)
+
+    def discard(self, key: str) -> None:
+        """The image was deleted: its files go now, or with their last lease."""
+        if not self.dir(key).exists():
+            return
+        if self.holders(key):
+            self._write_entry(key, persistent=False)
+        else:
+            self.remove(key)
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.dir(key), ignore_errors=True)
+
+    def keys(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return [p.name for p in self.root.iterdir() if p.is_dir()]
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove unheld entries that are not in the store, or are not in `keep`."""
+        removed = []
+        for key in self.keys():
+            if self.holders(key):
+                continue
+            if key not in keep or not self._entry(key).get("persistent", False):
+                self.remove(key)
+                removed.append(key)
+        return removed

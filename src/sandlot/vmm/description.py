@@ -1,0 +1,83 @@
+"""What machine a snapshot was taken of: the versioned record every restore checks first.
+
+Stored in each snapshot's manifest and record. A restore refuses, before anything starts and
+with the reason, a snapshot whose machine this host cannot load: a machine type its QEMU lacks,
+another device model, another accelerator's CPU model, another guest protocol, or a record
+format it does not know (a different major version, or a newer minor one; Firecracker's
+snapshot versioning works the same way).
+
+Memory has one name per quantity: `base_mb` is the main RAM backend, `dimm_mb` the hotplugged
+DIMM, `memory_mb` their sum (the size users ask for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sandlot.errors import InvalidStateError
+from sandlot.guest.protocol import PROTO_VERSION
+from sandlot.vmm.qemu import QemuInfo
+
+FORMAT = "1.0"  # major.minor of this record
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, _, minor = str(text).partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return (-1, 0)
+
+
+@dataclass(frozen=True)
+class MachineDescription:
+    machine_type: str  # versioned, e.g. "pc-q35-7.2"
+    qemu_version: str  # the QEMU that took it (informational: the type decides loadability)
+    device_model: str  # fingerprint of the device command line (vmm/machine.DEVICE_MODEL)
+    accel: str  # kvm or tcg: they run different CPU models
+    base_mb: int
+    dimm_mb: int = 0
+    cpus: int = 1  # online when taken
+    guest_proto: int = PROTO_VERSION
+    format: str = FORMAT
+
+    @property
+    def memory_mb(self) -> int:
+        return self.base_mb + self.dimm_mb
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MachineDescription:
+        """Parse a stored record; refuses formats this version cannot read."""
+        if not isinstance(data, dict):
+            raise InvalidStateError("the snapshot does not describe its machine (it was taken "
+                                    "by an older sandlot); it cannot be restored")
+        fmt = str(data.get("format", "0.0"))
+        have, mine = _version(fmt), _version(FORMAT)
+        if have[0] != mine[0] or have[1] > mine[1]:
+            raise InvalidStateError(f"the snapshot's machine record has format {fmt}; this "
+                                    f"sandlot reads {mine[0]}.0 to {FORMAT}")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as e:
+            raise InvalidStateError(f"the snapshot's machine record is incomplete: {e}") from e
+
+    def problems(self, host: QemuInfo, device_model: str, accel: str) -> list[str]:
+        """Why this host cannot load it (empty: it can)."""
+        out = []
+        if self.machine_type not in host.machine_types:
+            out.append(f"it was taken with machine type {self.machine_type} (QEMU "
+                       f"{self.qemu_version}), which this host's QEMU {host.version} lacks")
+        if self.device_model != device_model:
+            out.append(f"it was taken with VM device model {self.device_model}, this server "
+                       f"runs model {device_model}")
+        if self.accel != accel:
+            out.append(f"it was taken under {self.accel}, this server runs {accel}")
+        if self.guest_proto != PROTO_VERSION:
+            out.append(f"its guest agent speaks protocol {self.guest_proto}, this server "
+                       f"{PROTO_VERSION}")
+        return out
