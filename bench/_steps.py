@@ -109,21 +109,21 @@ def base_build() -> tuple[Path, dict]:
 
 
 async def _cold_boot_once(ctx: Ctx, i: int) -> float:
-    from sandlot.core.templates import cold_boot
-    from sandlot.vmm.accel import detect_accel
+    """One boot of the base build from scratch, to its agent's first answer."""
+    from sandlot.config import Settings
+    from sandlot.runtime.base import MachinePlan
+    from sandlot.runtime.qemu import QemuRuntime
 
-    build, info = base_build()
-    run_dir = ctx.server.run_root / f"cold{i}"
-    disk_dir = ctx.server.root / f"cold{i}"
-    disk_dir.mkdir(parents=True, exist_ok=True)
-    machine, agent, boot_ms = await cold_boot(build, run_dir, info["memory_mb"], info["cpus"],
-                                              detect_accel(), disk_dir / "boot.qcow2")
-    try:
-        await agent.close()
-    finally:
-        await machine.kill()
-        shutil.rmtree(run_dir, ignore_errors=True)
-        shutil.rmtree(disk_dir, ignore_errors=True)
+    _, info = base_build()
+    settings = Settings(data_dir=ctx.server.root / f"cold{i}", images_dir=IMAGES_DIR,
+                        run_root=ctx.server.run_root, shm_root=ctx.server.shm_root, pool_size=0)
+    runtime = QemuRuntime(settings)
+    t0 = time.monotonic()
+    vm = await runtime.cold_boot(info["hash"], MachinePlan(cpus=info["cpus"],
+                                 memory_mb=info["memory_mb"]), f"cold{i}")
+    boot_ms = (time.monotonic() - t0) * 1000
+    await runtime.kill(vm)
+    shutil.rmtree(settings.data_dir, ignore_errors=True)
     return boot_ms
 
 

@@ -158,12 +158,15 @@ def _show(items: Any, columns: list[tuple[str, str]], as_json: bool) -> None:
             _print_json(rows)
             return
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for header, key in columns:
-            wide = key in ("metadata", "error")
+        cells = [[_format(key, row.get(key)) for _, key in columns] for row in rows]
+        for i, (header, key) in enumerate(columns):
+            # Only free text is shortened to fit: ids, states and sizes are shown whole.
+            wide = key in ("metadata", "error", "cmd")
+            width = len(header) if wide else max([len(header)] + [len(c[i]) for c in cells])
             table.add_column(header, no_wrap=True, overflow="ellipsis" if wide else "fold",
-                             min_width=len(header))
-        for row in rows:
-            table.add_row(*(_format(key, row.get(key)) for _, key in columns))
+                             min_width=width)
+        for row in cells:
+            table.add_row(*row)
         _out.print(table)
         return
     row = _plain(items)

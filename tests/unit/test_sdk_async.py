@@ -1,17 +1,17 @@
-"""The async SDK against the in-process fake API. The sync SDK is generated from the same code
-(see test_sdk_sync.py for the fuller suite); these cover the async-specific paths."""
+"""The async SDK against the real app and core on the fake machine layer, in process. The sync
+SDK is generated from the same code (test_sdk_sync.py has the fuller suite); these cover the
+async-specific paths."""
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from test_sdk_fake import API_KEY, FakeServer
 
+from conftest import Fast
 from sandlot import (
     AsyncSandbox,
     AsyncSandlot,
@@ -21,55 +21,41 @@ from sandlot import (
     NotFoundError,
     SandlotError,
     SnapshotFailedError,
-    VmmError,
 )
-from sandlot.sdk._async import _http, _sandbox
 
 URL = "http://sandlot.test"
 
 
 @pytest.fixture
-def fake() -> FakeServer:
-    return FakeServer(async_mode=True)
-
-
-@pytest.fixture
-async def client(fake: FakeServer) -> AsyncIterator[AsyncSandlot]:
-    async with AsyncSandlot(URL, API_KEY, transport=fake.transport()) as c:
+async def client(afast: Fast) -> AsyncIterator[AsyncSandlot]:
+    async with AsyncSandlot(URL, afast.key, transport=afast.transport) as c:
         yield c
 
 
-@pytest.fixture
-def default_api(monkeypatch: pytest.MonkeyPatch, fake: FakeServer) -> None:
-    monkeypatch.setenv("SANDLOT_URL", URL)
-    monkeypatch.setenv("SANDLOT_API_KEY", API_KEY)
-    monkeypatch.setattr(_sandbox, "AsyncAPI",
-                        functools.partial(_http.AsyncAPI, transport=fake.transport()))
-
-
-async def test_lifecycle_and_context_manager(default_api: None, fake: FakeServer) -> None:
+async def test_lifecycle_and_context_manager(async_default_api: Fast) -> None:
+    afast = async_default_api
     async with await AsyncSandbox.create(metadata={"k": "v"}) as sbx:
         assert await sbx.is_running()
         assert (await sbx.get_info()).metadata == {"k": "v"}
         assert [s.sandbox_id for s in await AsyncSandbox.list({"k": "v"})] == [sbx.sandbox_id]
         await sbx.set_timeout(5)
         other = await AsyncSandbox.connect(sbx.sandbox_id)
-    assert fake.sandboxes[sbx.sandbox_id]["state"] == "stopped"
+    assert afast.core.sandboxes.get(sbx.sandbox_id).state == "stopped"
     assert await other.is_running() is False
     assert await other.kill() is False
 
 
-async def test_commands(client: AsyncSandlot, fake: FakeServer) -> None:
+async def test_commands(client: AsyncSandlot, afast: Fast) -> None:
     sbx = await client.sandboxes.create()
     out: list[str] = []
     result = await sbx.commands.run("echo hi", on_stdout=out.append, timeout=5)
-    assert result.stdout == "hi\n" and result.ok and out == ["hi", "\n"]
-    assert fake.requests[-1].extensions["timeout"]["read"] == 35
+    assert result.stdout == "hi\n" and result.ok and out == ["hi\n"]
+    assert afast.requests[-1].extensions["timeout"]["read"] == 35
     with pytest.raises(CommandExitError) as err:
-        await sbx.commands.run("fail", check=True)
+        await sbx.commands.run("echo boom >&2; exit 3", check=True)
     assert err.value.result.exit_code == 3
     with pytest.raises(CommandTimeoutError):
-        await sbx.commands.run("hang")
+        await sbx.commands.run("sleep 30", timeout=0.2)
     handle = await sbx.commands.run("cat", background=True)
     await handle.send_stdin("xyz", eof=True)
     assert [p.pid for p in await sbx.commands.list()] == [handle.pid]
@@ -79,7 +65,7 @@ async def test_commands(client: AsyncSandlot, fake: FakeServer) -> None:
     assert await sbx.commands.kill(started.pid) is True
 
 
-async def test_files(client: AsyncSandlot, fake: FakeServer, tmp_path) -> None:
+async def test_files(client: AsyncSandlot, afast: Fast, tmp_path) -> None:
     sbx = await client.sandboxes.create()
     await sbx.files.write("/a", b"bytes")
     assert await sbx.files.read("/a") == "bytes"
@@ -90,19 +76,19 @@ async def test_files(client: AsyncSandlot, fake: FakeServer, tmp_path) -> None:
         yield b"two"
 
     await sbx.files.write("/b", parts())
-    assert fake.files[(sbx.sandbox_id, "/b")] == b"one-two"
+    assert await sbx.files.read("/b", format="bytes") == b"one-two"
     blob = b"z" * (3 << 20)
     await sbx.files.write("/c", io.BytesIO(blob))
-    assert fake.requests[-1].headers.get("transfer-encoding") == "chunked"
+    assert afast.requests[-1].headers.get("transfer-encoding") == "chunked"
     chunks = [chunk async for chunk in await sbx.files.read("/c", format="stream")]
     assert b"".join(chunks) == blob
     local = tmp_path / "c.bin"
     assert await sbx.files.read_to("/c", local) == len(blob)
     await sbx.files.write_from("/d", local)
-    assert fake.files[(sbx.sandbox_id, "/d")] == blob
+    assert await sbx.files.read("/d", format="bytes") == blob
     assert await sbx.files.exists("/d")
     assert (await sbx.files.stat("/d")).size == len(blob)
-    assert len(await sbx.files.list("/")) == 4
+    assert {e.path for e in await sbx.files.list("/")} >= {"/a", "/b", "/c", "/d"}
     await sbx.files.rename("/d", "/e")
     assert await sbx.files.make_dir("/dir")
     await sbx.files.remove("/e")
@@ -110,7 +96,7 @@ async def test_files(client: AsyncSandlot, fake: FakeServer, tmp_path) -> None:
         await sbx.files.read("/e")
 
 
-async def test_snapshots_fork_rollback(client: AsyncSandlot, fake: FakeServer) -> None:
+async def test_snapshots_fork_rollback(client: AsyncSandlot, afast: Fast) -> None:
     sbx = await client.sandboxes.create()
     snap = await sbx.create_snapshot()
     assert snap.state == "creating"
@@ -121,19 +107,19 @@ async def test_snapshots_fork_rollback(client: AsyncSandlot, fake: FakeServer) -
     assert restored.info.cpus == 4
     assert (await client.snapshots.restore(sbx.sandbox_id, "good")).sandbox_id
     assert await sbx.rollback("good") is sbx
-    fake.fork_fail_indexes = {2}
+    afast.runtime.fail_restores = 1
     kids = await sbx.fork(3)
-    assert len(kids) == 2 and isinstance(kids.errors[0], VmmError)
+    assert len(kids) == 2 and isinstance(kids.errors[0], SandlotError)
     assert [s.name for s in await client.snapshots.list()] == ["good"]
     assert await snap.remove() is True
-    fake.fail_snapshot = True
+    afast.runtime.fail_persist = "disk full"
     with pytest.raises(SnapshotFailedError):
         await (await sbx.snapshot()).wait()
 
 
-async def test_snapshot_classmethods(default_api: None, client: AsyncSandlot) -> None:
+async def test_snapshot_classmethods(async_default_api: Fast, client: AsyncSandlot) -> None:
     sbx = await client.sandboxes.create()
-    await sbx.create_snapshot("n")
+    await (await sbx.create_snapshot("n")).wait()
     snap = await AsyncSnapshot.get("n")
     assert (await snap.restore()).sandbox_id != sbx.sandbox_id
     assert [s.name for s in await AsyncSnapshot.list()] == ["n"]

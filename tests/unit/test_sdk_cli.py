@@ -1,5 +1,6 @@
-"""The ``sandlot`` CLI, driven through click's runner against the in-process fake API, with the
-server and core entry points replaced by stubs (they have their own tests)."""
+"""The ``sandlot`` CLI, driven through click's runner against the real app and core on the fake
+machine layer, in process; the server and template-build entry points are replaced by stubs
+(they have their own tests)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,23 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_sdk_fake import API_KEY, FakeServer
 
+from conftest import Fast
 from sandlot import Sandlot, cli
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
-    server = FakeServer()
+def fake(monkeypatch: pytest.MonkeyPatch, fast: Fast) -> Fast:
     calls: list[tuple[str | None, str | None]] = []
 
     def client(url: str | None, api_key: str | None) -> Sandlot:
         calls.append((url, api_key))
-        return Sandlot(url or "http://sandlot.test", api_key, transport=server.transport())
+        return Sandlot(url or fast.url, api_key, transport=fast.transport)
 
     monkeypatch.setattr(cli, "_client", client)
-    monkeypatch.setenv("SANDLOT_API_KEY", API_KEY)
-    server.client_calls = calls  # type: ignore[attr-defined]
-    return server
+    monkeypatch.setenv("SANDLOT_API_KEY", fast.key)
+    fast.client_calls = calls  # type: ignore[attr-defined]
+    return fast
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -35,7 +35,7 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_sandbox_create_list_kill(fake: FakeServer) -> None:
+def test_sandbox_create_list_kill(fake: Fast) -> None:
     code, out, _ = run("sandbox", "create", "--memory", "1024", "--env", "A=1",
                        "--metadata", "team=x", "--json")
     assert code == 0
@@ -51,37 +51,37 @@ def test_sandbox_create_list_kill(fake: FakeServer) -> None:
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
 
 
-def test_client_options_reach_the_client(fake: FakeServer) -> None:
+def test_client_options_reach_the_client(fake: Fast) -> None:
     run("sandbox", "list", "--url", "http://other:1", "--api-key", "k2")
     assert fake.client_calls[-1] == ("http://other:1", "k2")  # type: ignore[attr-defined]
 
 
-def test_exec_streams_and_exits_with_code(fake: FakeServer) -> None:
+def test_exec_streams_and_exits_with_code(fake: Fast) -> None:
     sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
     code, out, err = run("sandbox", "exec", sid, "--", "echo", "hi there")
-    assert (code, out) == (0, "'hi there'\n")
+    assert (code, out) == (0, "hi there\n")
     assert json.loads(fake.requests[-1].content)["cmd"] == "echo 'hi there'"
-    code, out, err = run("sandbox", "exec", sid, "--", "fail")
+    code, out, err = run("sandbox", "exec", sid, "--", "echo -n partial; echo boom >&2; exit 3")
     assert (code, out, err) == (3, "partial", "boom\n")
-    code, _, err = run("sandbox", "exec", sid, "--timeout", "1", "--", "hang")
-    assert code == 1 and err == "error: command timed out after 1s\n"
+    code, _, err = run("sandbox", "exec", sid, "--timeout", "1", "--", "sleep", "30")
+    assert code == 1 and err.startswith("error: command timed out after 1")
     code, _, err = run("sandbox", "exec", "sb-nope", "--", "true")
-    assert code == 1 and err == "error: sandbox sb-nope not found\n"
+    assert code == 1 and err == "error: sandbox 'sb-nope' not found\n"
 
 
-def test_fork_and_rollback(fake: FakeServer) -> None:
+def test_fork_and_rollback(fake: Fast) -> None:
     sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
     code, out, _ = run("sandbox", "fork", sid, "--count", "2", "--json")
     assert code == 0 and len(json.loads(out)) == 2
-    fake.fork_fail_indexes = {1}
+    fake.runtime.fail_restores = 1
     code, out, err = run("sandbox", "fork", sid, "--count", "2", "--json")
-    assert code == 1 and len(json.loads(out)) == 1 and "child 1" in err
-    run("snapshot", "create", sid, "--name", "s1")
+    assert code == 1 and len(json.loads(out)) == 1 and "child" in err
+    run("snapshot", "create", sid, "--name", "s1", "--wait")
     code, out, _ = run("sandbox", "rollback", sid, "s1", "--json")
     assert code == 0 and json.loads(out)["sandbox_id"] == sid
 
 
-def test_snapshot_commands(fake: FakeServer) -> None:
+def test_snapshot_commands(fake: Fast) -> None:
     sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
     code, out, _ = run("snapshot", "create", sid, "--name", "n", "--wait", "--json")
     assert code == 0 and json.loads(out)["state"] == "ready"
@@ -96,7 +96,7 @@ def test_snapshot_commands(fake: FakeServer) -> None:
     assert code == 1 and err.startswith("error: snapshot n not found")
 
 
-def test_bad_key_value(fake: FakeServer) -> None:
+def test_bad_key_value(fake: Fast) -> None:
     result = CliRunner().invoke(cli.cli, ["sandbox", "create", "--env", "novalue"])
     assert result.exit_code == 2 and "KEY=VALUE" in result.stderr
 

@@ -1,8 +1,7 @@
-"""The sync SDK against the in-process fake API (SDK logic only; no server, no VM)."""
+"""The sync SDK against the real app and core on the fake machine layer, in process (no VM)."""
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 from collections.abc import Iterator
@@ -10,9 +9,9 @@ from datetime import datetime
 
 import httpx
 import pytest
-from test_sdk_fake import API_KEY, FakeServer
 
 import sandlot
+from conftest import Fast
 from sandlot import (
     AuthenticationError,
     CommandExitError,
@@ -32,19 +31,14 @@ from sandlot import (
     VmmError,
     WaitTimeoutError,
 )
-from sandlot.sdk._sync import _http, _sandbox
 
 URL = "http://sandlot.test"
+FAIL = "echo -n partial; echo boom >&2; exit 3"
 
 
 @pytest.fixture
-def fake() -> FakeServer:
-    return FakeServer()
-
-
-@pytest.fixture
-def client(fake: FakeServer) -> Iterator[Sandlot]:
-    with Sandlot(URL, API_KEY, transport=fake.transport()) as c:
+def client(fast: Fast) -> Iterator[Sandlot]:
+    with Sandlot(URL, fast.key, transport=fast.transport) as c:
         yield c
 
 
@@ -53,27 +47,20 @@ def sbx(client: Sandlot) -> Sandbox:
     return client.sandboxes.create(metadata={"team": "a"})
 
 
-@pytest.fixture
-def default_api(monkeypatch: pytest.MonkeyPatch, fake: FakeServer) -> None:
-    """Make the classmethods' own clients (Sandbox.create, Snapshot.get, ...) use the fake."""
-    monkeypatch.setenv("SANDLOT_URL", URL)
-    monkeypatch.setenv("SANDLOT_API_KEY", API_KEY)
-    monkeypatch.setattr(_sandbox, "API", functools.partial(_http.API, transport=fake.transport()))
-
-
 # -- sandboxes -----------------------------------------------------------------------------
 
 
-def test_create_and_lifecycle(client: Sandlot, fake: FakeServer) -> None:
+def test_create_and_lifecycle(client: Sandlot, fast: Fast) -> None:
     sbx = client.sandboxes.create("base", memory_mb=1024, env={"A": 1}, timeout=60)
-    body = json.loads(fake.requests[-1].content)
+    body = json.loads(fast.requests[-1].content)
     assert body == {"template": "base", "snapshot_id": None, "memory_mb": 1024, "cpus": None,
                     "env": {"A": "1"}, "timeout": 60, "metadata": {}, "internet": True,
                     "network": None}
     assert sbx.sandbox_id.startswith("sb-")
     info = sbx.get_info()
     assert isinstance(info, SandboxInfo) and isinstance(info.created_at, datetime)
-    assert info.memory_mb == 1024 and not hasattr(info, "unknown_future_field")
+    assert info.memory_mb == 1024 and info.env == {"A": "1"}
+    assert sbx.commands.run("printenv A").stdout == "1\n"
     assert sbx.is_running()
     sbx.set_timeout(30)
     assert sbx.info.timeout == 30
@@ -83,34 +70,38 @@ def test_create_and_lifecycle(client: Sandlot, fake: FakeServer) -> None:
     assert sbx.is_running() is False
 
 
-def test_create_from_snapshot_sends_no_template(client: Sandlot, fake: FakeServer) -> None:
-    client.sandboxes.create(snapshot_id="snap-1")
-    assert json.loads(fake.requests[-1].content)["template"] is None
+def test_create_from_snapshot_sends_no_template(client: Sandlot, sbx: Sandbox,
+                                                fast: Fast) -> None:
+    snap = sbx.create_snapshot().wait()
+    assert client.sandboxes.create(snapshot_id=snap.snapshot_id).info.template == "base"
+    assert json.loads(fast.requests[-1].content)["template"] is None
+    with pytest.raises(NotFoundError):
+        client.sandboxes.create(snapshot_id="snap-1")
 
 
-def test_context_manager_kills(client: Sandlot, fake: FakeServer) -> None:
+def test_context_manager_kills(client: Sandlot, fast: Fast) -> None:
     with client.sandboxes.create() as sbx:
         assert sbx.is_running()
-    assert fake.sandboxes[sbx.sandbox_id]["state"] == "stopped"
+    assert fast.core.sandboxes.get(sbx.sandbox_id).state == "stopped"
 
 
-def test_classmethods_use_env_config(default_api: None, fake: FakeServer) -> None:
+def test_classmethods_use_env_config(default_api: None, fast: Fast) -> None:
     with Sandbox.create(metadata={"k": "v"}) as sbx:
         again = Sandbox.connect(sbx.sandbox_id)
         assert again.get_info().metadata == {"k": "v"}
         assert [s.sandbox_id for s in Sandbox.list(metadata={"k": "v"})] == [sbx.sandbox_id]
         assert Sandbox.list(metadata={"k": "other"}) == []
     assert not again.is_running()
-    assert fake.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
-    assert str(fake.requests[0].url).startswith(URL + "/v1/sandboxes")
+    assert fast.requests[0].headers["authorization"] == f"Bearer {fast.key}"
+    assert str(fast.requests[0].url).startswith(URL + "/v1/sandboxes")
 
 
-def test_list_filters_metadata(client: Sandlot, fake: FakeServer) -> None:
+def test_list_filters_metadata(client: Sandlot, fast: Fast) -> None:
     a = client.sandboxes.create(metadata={"team": "a", "x": "1"})
     client.sandboxes.create(metadata={"team": "b"})
     found = client.sandboxes.list({"team": "a"})
     assert [s.sandbox_id for s in found] == [a.sandbox_id]
-    assert json.loads(fake.requests[-1].url.params["metadata"]) == {"team": "a"}
+    assert json.loads(fast.requests[-1].url.params["metadata"]) == {"team": "a"}
     a.kill()
     assert client.sandboxes.list({"team": "a"}) == []
     assert len(client.sandboxes.list({"team": "a"}, include_stopped=True)) == 1
@@ -123,14 +114,14 @@ def test_error_type_status_and_message(client: Sandlot) -> None:
     with pytest.raises(NotFoundError) as err:
         client.sandboxes.connect("sb-missing")
     assert err.value.status == 404
-    assert err.value.message == "sandbox sb-missing not found"
+    assert err.value.message == "sandbox 'sb-missing' not found"
     with pytest.raises(NotFoundError):
         client.sandboxes.create("nope")
 
 
-def test_missing_key_is_authentication_error(fake: FakeServer, monkeypatch) -> None:
+def test_missing_key_is_authentication_error(fast: Fast, monkeypatch) -> None:
     monkeypatch.delenv("SANDLOT_API_KEY", raising=False)
-    with Sandlot(URL, transport=fake.transport()) as c, pytest.raises(AuthenticationError) as e:
+    with Sandlot(URL, transport=fast.transport) as c, pytest.raises(AuthenticationError) as e:
         c.sandboxes.list()
     assert e.value.status == 401 and "SANDLOT_API_KEY" in e.value.message
 
@@ -184,25 +175,25 @@ def test_bad_arguments_fail_before_sending(sbx: Sandbox) -> None:
 # -- commands ------------------------------------------------------------------------------
 
 
-def test_run_collects_output_and_calls_callbacks(sbx: Sandbox, fake: FakeServer) -> None:
+def test_run_collects_output_and_calls_callbacks(sbx: Sandbox, fast: Fast) -> None:
     out: list[str] = []
-    result = sbx.commands.run("echo hi", on_stdout=out.append, env={"X": "1"}, cwd="/tmp",
-                              user="nobody", stdin="in")
-    assert result == CommandResult("hi\n", "", 0)
-    assert result.ok and out == ["hi", "\n"]
-    body = json.loads(fake.requests[-1].content)
-    assert body == {"cmd": "echo hi", "env": {"X": "1"}, "cwd": "/tmp", "user": "nobody",
-                    "timeout": 60, "stdin": "in", "background": False}
+    result = sbx.commands.run("echo hi $X; pwd; whoami", on_stdout=out.append, env={"X": "1"},
+                              cwd="/tmp", user="user", stdin="in")
+    assert result == CommandResult("hi 1\n/tmp\nuser\n", "", 0)
+    assert result.ok and "".join(out) == result.stdout
+    body = json.loads(fast.requests[-1].content)
+    assert body == {"cmd": "echo hi $X; pwd; whoami", "env": {"X": "1"}, "cwd": "/tmp",
+                    "user": "user", "timeout": 60, "stdin": "in", "background": False}
 
 
 def test_run_nonzero_and_check(sbx: Sandbox) -> None:
     err: list[str] = []
-    result = sbx.commands.run("fail", on_stderr=err.append)
+    result = sbx.commands.run(FAIL, on_stderr=err.append)
     assert (result.exit_code, result.ok, result.stdout, result.stderr) == (3, False, "partial",
                                                                            "boom\n")
     assert err == ["boom\n"]
     with pytest.raises(CommandExitError) as exc:
-        sbx.commands.run("fail", check=True)
+        sbx.commands.run(FAIL, check=True)
     assert exc.value.result == result and exc.value.exit_code == 3
     assert "boom" in exc.value.message
     assert isinstance(exc.value, SandlotError)
@@ -210,19 +201,19 @@ def test_run_nonzero_and_check(sbx: Sandbox) -> None:
 
 def test_run_stream_errors(sbx: Sandbox) -> None:
     with pytest.raises(CommandTimeoutError, match="timed out"):
-        sbx.commands.run("hang", timeout=1)
+        sbx.commands.run("sleep 30", timeout=0.2)
     with pytest.raises(GuestError):
         sbx.commands.run("crash")
     with pytest.raises(InvalidArgumentError):
         sbx.commands.run("true", cwd="/nope")
 
 
-def test_run_http_read_timeout_outlives_command(sbx: Sandbox, fake: FakeServer) -> None:
+def test_run_http_read_timeout_outlives_command(sbx: Sandbox, fast: Fast) -> None:
     sbx.commands.run("true", timeout=10)
-    assert fake.requests[-1].extensions["timeout"]["read"] == 40
+    assert fast.requests[-1].extensions["timeout"]["read"] == 40
     sbx.commands.run("true", timeout=None)
-    assert fake.requests[-1].extensions["timeout"]["read"] is None
-    assert json.loads(fake.requests[-1].content)["timeout"] is None
+    assert fast.requests[-1].extensions["timeout"]["read"] is None
+    assert json.loads(fast.requests[-1].content)["timeout"] is None
 
 
 def test_callbacks_fire_while_streaming() -> None:
@@ -254,24 +245,23 @@ def test_stream_without_exit_is_an_error() -> None:
             c.sandboxes.connect("sb-1").commands.run("x")
 
 
-def test_background_commands(sbx: Sandbox, fake: FakeServer) -> None:
-    handle = sbx.commands.start("cat", stdin="a")
-    assert json.loads(fake.requests[-1].content)["background"] is True
-    assert json.loads(fake.requests[-1].content)["timeout"] is None
+def test_background_commands(sbx: Sandbox, fast: Fast) -> None:
+    handle = sbx.commands.start("cat")
+    assert json.loads(fast.requests[-1].content)["background"] is True
+    assert json.loads(fast.requests[-1].content)["timeout"] is None
     assert [p.pid for p in sbx.commands.list()] == [handle.pid]
-    handle.send_stdin("b")
+    handle.send_stdin("ab")
     handle.send_stdin(b"c", eof=True)
-    assert fake.processes[(sbx.sandbox_id, handle.pid)]["eof"] is True
     out: list[str] = []
     result = handle.wait(on_stdout=out.append)
     assert result.stdout == "abc" and out == ["abc"]
-    assert fake.requests[-1].url.path.endswith(f"/commands/{handle.pid}/stream")
+    assert fast.requests[-1].url.path.endswith(f"/commands/{handle.pid}/stream")
     assert handle.kill() is False
 
     other = sbx.commands.run("sleep 100", background=True)
     assert other.pid != handle.pid
     assert sbx.commands.kill(other.pid, signal=15) is True
-    assert fake.processes[(sbx.sandbox_id, other.pid)]["signal"] == 15
+    assert json.loads(fast.requests[-1].content) == {"signal": 15}
     assert sbx.commands.kill(99999) is False
     assert sbx.commands.list() == []
 
@@ -279,16 +269,16 @@ def test_background_commands(sbx: Sandbox, fake: FakeServer) -> None:
 # -- files ---------------------------------------------------------------------------------
 
 
-def test_files_roundtrip(sbx: Sandbox, fake: FakeServer) -> None:
+def test_files_roundtrip(sbx: Sandbox, fast: Fast) -> None:
     entry = sbx.files.write("/tmp/a.txt", "héllo")
     assert entry.path == "/tmp/a.txt" and entry.size == len("héllo".encode())
-    assert fake.requests[-1].url.params["user"] == "root"
+    assert fast.requests[-1].url.params["user"] == "root"
     assert sbx.files.read("/tmp/a.txt") == "héllo"
     assert sbx.files.read("/tmp/a.txt", format="bytes") == "héllo".encode()
     assert sbx.files.exists("/tmp/a.txt") and not sbx.files.exists("/tmp/b.txt")
     assert sbx.files.stat("/tmp/a.txt").name == "a.txt"
     assert [e.path for e in sbx.files.list("/tmp")] == ["/tmp/a.txt"]
-    assert fake.requests[-1].url.params["depth"] == "1"
+    assert fast.requests[-1].url.params["depth"] == "1"
     assert sbx.files.rename("/tmp/a.txt", "/tmp/b.txt").path == "/tmp/b.txt"
     assert sbx.files.make_dir("/tmp/d") is True and sbx.files.make_dir("/tmp/d") is False
     sbx.files.remove("/tmp/b.txt")
@@ -298,15 +288,15 @@ def test_files_roundtrip(sbx: Sandbox, fake: FakeServer) -> None:
         sbx.files.remove("/tmp/b.txt")
 
 
-def test_files_upload_streams_file_objects_and_iterators(sbx: Sandbox, fake: FakeServer) -> None:
+def test_files_upload_streams_file_objects_and_iterators(sbx: Sandbox, fast: Fast) -> None:
     blob = bytes(range(256)) * 10000  # 2.5 MB: more than one upload chunk
     sbx.files.write("/big", io.BytesIO(blob))
-    request = fake.requests[-1]
+    request = fast.requests[-1]
     assert request.headers.get("transfer-encoding") == "chunked"
     assert "content-length" not in request.headers
-    assert fake.files[(sbx.sandbox_id, "/big")] == blob
+    assert sbx.files.read("/big", format="bytes") == blob
     sbx.files.write("/parts", iter([b"ab", b"cd"]))
-    assert fake.files[(sbx.sandbox_id, "/parts")] == b"abcd"
+    assert sbx.files.read("/parts", format="bytes") == b"abcd"
     with pytest.raises(InvalidArgumentError):
         sbx.files.write("/x", 12)  # type: ignore[arg-type]
 
@@ -330,7 +320,7 @@ def test_files_stream_read_and_local_helpers(sbx: Sandbox, tmp_path) -> None:
 # -- snapshots, fork, rollback -------------------------------------------------------------
 
 
-def test_snapshot_create_wait_restore(sbx: Sandbox, client: Sandlot, fake: FakeServer) -> None:
+def test_snapshot_create_wait_restore(sbx: Sandbox, client: Sandlot, fast: Fast) -> None:
     snap = sbx.create_snapshot("first")
     assert snap.state == "creating" and snap.name == "first" and snap.error is None
     assert snap.wait(timeout=5) is snap
@@ -338,18 +328,19 @@ def test_snapshot_create_wait_restore(sbx: Sandbox, client: Sandlot, fake: FakeS
     child = snap.restore()
     assert child.sandbox_id != sbx.sandbox_id and child.get_info().snapshot_id == snap.snapshot_id
     tuned = snap.restore_with(memory_mb=2048, env={"B": "2"}, timeout=99)
-    body = json.loads(fake.requests[-1].content)
+    body = json.loads(fast.requests[-1].content)
     assert body["memory_mb"] == 2048 and body["env"] == {"B": "2"} and body["timeout"] == 99
     assert tuned.info.memory_mb == 2048
     assert sbx.snapshot().snapshot_id != snap.snapshot_id
     assert [s.snapshot_id for s in client.snapshots.list(sbx.sandbox_id)][0] == snap.snapshot_id
 
 
-def test_snapshot_wait_failure_and_timeout(sbx: Sandbox, fake: FakeServer) -> None:
-    fake.snapshot_polls_until_ready = 10**9
+def test_snapshot_wait_failure_and_timeout(sbx: Sandbox, fast: Fast) -> None:
+    fast.runtime.persist_delay = 2.0
     with pytest.raises(WaitTimeoutError):
         sbx.create_snapshot().wait(timeout=0.3)
-    fake.fail_snapshot = True
+    fast.runtime.persist_delay = 0
+    fast.runtime.fail_persist = "disk full"
     snap = sbx.create_snapshot()
     with pytest.raises(SnapshotFailedError, match="disk full") as err:
         snap.wait()
@@ -366,8 +357,9 @@ def test_snapshot_names_and_deletion(sbx: Sandbox, client: Sandlot) -> None:
     assert client.snapshots.get("b").snapshot_id == b.snapshot_id
     assert b.remove() is True and b.remove() is False
     assert client.snapshots.delete("a") is True and client.snapshots.delete("a") is False
+    assert client.snapshots.get(a.snapshot_id).state == "deleted"
     with pytest.raises(NotFoundError):
-        client.snapshots.get(a.snapshot_id)
+        client.snapshots.get("a")
 
 
 def test_snapshot_classmethods(default_api: None, sbx: Sandbox) -> None:
@@ -389,24 +381,32 @@ def test_client_restore_checks_source(sbx: Sandbox, client: Sandlot) -> None:
         client.snapshots.restore("sb-other", "s")
 
 
-def test_fork_reports_each_child(sbx: Sandbox, fake: FakeServer) -> None:
+def test_fork_reports_each_child(sbx: Sandbox, fast: Fast) -> None:
+    sbx.files.write("/tmp/state", "parent")
     kids = sbx.fork(3)
     assert len(kids) == 3 and kids.errors == []
     assert all(isinstance(k, Sandbox) and k.is_running() for k in kids)
-    fake.fork_fail_indexes = {1}
+    assert {k.files.read("/tmp/state") for k in kids} == {"parent"}
+    assert {k.get_info().forked_from for k in kids} == {sbx.sandbox_id}
+    fast.runtime.fail_restores = 1
     kids = sbx.fork(3)
     assert len(kids) == 2 and len(kids.errors) == 1
-    assert isinstance(kids.errors[0], VmmError) and "child 1" in kids.errors[0].message
-    fake.fork_fail_indexes = {0, 1}
-    with pytest.raises(VmmError, match="child 0"):
+    assert isinstance(kids.errors[0], SandlotError) and "child" in kids.errors[0].message
+    fast.runtime.fail_restores = 2
+    with pytest.raises(SandlotError, match="child 0"):
         sbx.fork(2)
 
 
-def test_rollback_keeps_sandbox_id(sbx: Sandbox, fake: FakeServer) -> None:
-    snap = sbx.create_snapshot("r")
+def test_rollback_keeps_sandbox_id(sbx: Sandbox, fast: Fast) -> None:
+    sbx.files.write("/tmp/f", "before")
+    snap = sbx.create_snapshot("r").wait()
+    sbx.files.write("/tmp/f", "after")
+    generation = sbx.info.generation
     assert sbx.rollback(snap) is sbx
-    assert sbx.info.generation == "g-2" and sbx.info.snapshot_id == snap.snapshot_id
-    assert json.loads(fake.requests[-1].content) == {"snapshot_id": snap.snapshot_id}
+    assert sbx.info.generation != generation and sbx.info.snapshot_id == snap.snapshot_id
+    assert sbx.files.read("/tmp/f") == "before" and sbx.info.metadata == {"team": "a"}
+    posted = [r for r in fast.requests if r.url.path.endswith("/rollback")]
+    assert json.loads(posted[-1].content) == {"snapshot_id": snap.snapshot_id}
     sbx.rollback("r")
     with pytest.raises(NotFoundError):
         sbx.rollback("nope")
@@ -414,7 +414,7 @@ def test_rollback_keeps_sandbox_id(sbx: Sandbox, fake: FakeServer) -> None:
 
 def test_templates_and_health(client: Sandlot) -> None:
     assert [t.name for t in client.templates.list()] == ["base"]
-    assert client.templates.get("base").hash == "abc"
+    assert client.templates.get("base").hash == "fakebase"
     assert client.health()["status"] == "ok"
 
 

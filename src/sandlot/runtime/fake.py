@@ -3,7 +3,8 @@
 Each `FakeVm` has an in-memory file system and runs a tiny shell: ``echo`` (with ``$VARS``,
 ``-n``, ``>&2``, ``> file`` and ``>> file``), ``cat [file]`` (stdin without one), ``printenv
 NAME``, ``pwd``, ``whoami``, ``sleep N``, ``exit N``, ``true``, ``false``, joined by ``;`` or
-``&&``; anything else is "command not found" (127). A capture copies a VM's files and env, and
+``&&``; ``crash`` drops the agent link (GuestError); anything else is "command not found"
+(127). A capture copies a VM's files and env, and
 a restore copies them back, so snapshots, forks, rollback and pause behave as they do on real
 VMs, as far as files, env and generations go. It never stands in for a feature's test on real
 VMs (tests/vm); it lets the REST contract and core's lifecycles be tested in seconds.
@@ -21,7 +22,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
+from sandlot.errors import (
+    GuestError,
+    InvalidArgumentError,
+    InvalidStateError,
+    NotFoundError,
+    StorageError,
+)
 from sandlot.guest.client import Configure, Configured
 from sandlot.runtime.base import (
     Captured,
@@ -68,6 +75,7 @@ class _Proc:
     started_at: float
     output: list[Output] = field(default_factory=list)
     exit: Exited | None = None
+    lost: GuestError | None = None
     stdin: asyncio.Queue = field(default_factory=asyncio.Queue)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
@@ -116,6 +124,8 @@ class FakeGuest:
             proc.stdin.put_nowait(None)
         variables = self._env(user, env)
         workdir = cwd or variables["HOME"]
+        if workdir not in self.state.dirs:
+            raise InvalidArgumentError(f"cwd {workdir}: not a directory")
         self.procs[proc.pid] = proc
         proc.task = asyncio.get_running_loop().create_task(
             self._run(proc, variables, workdir, timeout))
@@ -132,6 +142,8 @@ class FakeGuest:
             proc.exit = Exited(code, False)
         except TimeoutError:
             proc.exit = Exited(-9, True)
+        except GuestError as e:
+            proc.lost = e
         proc.changed.set()
 
     async def _shell(self, proc: _Proc, env: dict[str, str], cwd: str, emit) -> int:
@@ -186,6 +198,8 @@ class FakeGuest:
             return int(args[0]) if args else 0
         elif name in ("true", "false"):
             return 0 if name == "true" else 1
+        elif name == "crash":
+            raise GuestError("agent connection lost: the fake guest crashed")
         else:
             emit("stderr", f"bash: {name}: command not found\n")
             return 127
@@ -208,6 +222,8 @@ class FakeGuest:
             if proc.exit is not None:
                 yield proc.exit
                 return
+            if proc.lost is not None:
+                raise proc.lost
             await proc.changed.wait()
 
     def exec(self, cmd: str, *, env=None, cwd=None, user=None, timeout=None, stdin=None,
@@ -372,7 +388,8 @@ class FakeVm(Vm):
 
 
 class FakeRuntime(Runtime):
-    """Images and VMs in memory. `fail_restores` makes that many next restores fail."""
+    """Images and VMs in memory. Knobs for tests: `fail_restores` (that many next restores
+    fail), `persist_delay` (s an upload takes), `fail_persist` (uploads fail with it)."""
 
     def __init__(self, qemu: QemuInfo = FAKE_QEMU) -> None:
         self.qemu = qemu
@@ -380,6 +397,8 @@ class FakeRuntime(Runtime):
         self.vms: dict[str, FakeVm] = {}
         self.captures: dict[str, tuple[Image, GuestState]] = {}
         self.fail_restores = 0
+        self.persist_delay = 0.0
+        self.fail_persist: str | None = None
         self.restores = 0
 
     def describe(self, memory_mb: int = 512, cpus: int = 1,
@@ -438,6 +457,9 @@ class FakeRuntime(Runtime):
         return Captured(image=image, pause_ms=1.0, total_ms=2.0)
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
+        await asyncio.sleep(self.persist_delay)
+        if self.fail_persist:
+            raise StorageError(self.fail_persist)
         _, state = self.captures[captured.image.key]
         self.images[captured.image.key] = copy.deepcopy(state)
         size = sum(len(d) for d in state.files.values())

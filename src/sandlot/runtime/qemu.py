@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from sandlot.config import Settings
@@ -216,19 +217,15 @@ class QemuRuntime(Runtime):
             raise
         return vm
 
-    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
-        """Cold-boot (slow under TCG), settle, capture by stop and copy, store."""
+    async def cold_boot(self, build: str, plan: MachinePlan, vm_id: str) -> QemuVm:
+        """Boot a template build from scratch (slow under TCG: the baseline restores beat),
+        its agent connected and configured."""
         build_dir = self.store.build_dir(build)
         rootfs = build_dir / "rootfs.ext4"
-        tag = build[:8]
-        run_dir = self.settings.run_root / f"tb-{tag}"
-        work = build_dir / "work"
-        for d in (run_dir, work):
-            shutil.rmtree(d, ignore_errors=True)
-        work.mkdir(parents=True)
-        t0 = time.monotonic()
-        disks = DiskChain(dir=work / "disks", source=rootfs, size=rootfs.stat().st_size,
-                          source_fmt="raw")
+        run_dir = self.settings.run_root / vm_id
+        shutil.rmtree(run_dir, ignore_errors=True)
+        disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=rootfs,
+                          size=rootfs.stat().st_size, source_fmt="raw")
         await disks.create()
         spec = MachineSpec(run_dir=run_dir, kernel=build_dir / "vmlinuz",
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
@@ -236,28 +233,42 @@ class QemuRuntime(Runtime):
                            cpus=plan.cpus, accel=self.accel)
         machine = await Machine.launch(spec)
         try:
-            try:
-                agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
-            except GuestError:
-                raise VmmError(f"guest did not come up: {machine.console_tail()}") from None
-            boot_ms = (time.monotonic() - t0) * 1000
-            try:
-                await agent.configure(Configure(env=plan.env, generation="template",
-                                                cpus=plan.cpus))
-                await warm_up(agent)
-                await asyncio.sleep(0.5)  # let boot-time work settle: an idle guest
-                result = await vmm_snapshot.capture(machine, disks, work / "snap",
-                                                    self.settings.run_root / f"th-{tag}",
-                                                    live=False)
-            finally:
-                await agent.close()
-        finally:
+            agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
+            await agent.configure(Configure(env=plan.env, generation=plan.generation,
+                                            cpus=plan.cpus))
+        except BaseException as e:
+            console = machine.console_tail()
             await machine.kill()
             shutil.rmtree(run_dir, ignore_errors=True)
+            disks.remove()
+            if isinstance(e, GuestError):
+                raise VmmError(f"guest did not come up: {console}") from None
+            raise
+        image = Image(key=f"boot-{build}", build=build, machine=describe(spec, plan.cpus))
+        return QemuVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
+                      machine=machine, agent=agent, disks=disks, run_dir=run_dir)
+
+    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
+        """Cold-boot, settle, capture by stop and copy, store."""
+        work = self.store.build_dir(build) / "work"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        t0 = time.monotonic()
+        vm = await self.cold_boot(build, replace(plan, generation="template"),
+                                  f"tb-{build[:8]}")
+        boot_ms = (time.monotonic() - t0) * 1000
+        try:
+            await warm_up(vm.agent)
+            await asyncio.sleep(0.5)  # let boot-time work settle: an idle guest
+            result = await vmm_snapshot.capture(vm.machine, vm.disks, work / "snap",
+                                                self.settings.run_root / f"th-{build[:8]}",
+                                                live=False)
+            disk = work / "snap" / "disk.qcow2"
+            await vm.disks.flatten_frozen(disk)
+        finally:
+            await self.kill(vm)
         await vmm_snapshot.punch_zero_pages(result.ram)
-        disk = work / "snap" / "disk.qcow2"
-        await disks.flatten_frozen(disk)
-        image = Image(key=f"tpl-{build}", build=build, machine=describe(spec, plan.cpus))
+        image = Image(key=f"tpl-{build}", build=build, machine=vm.image.machine)
         stored = await self.store.put(image.key, {
             "ram": result.ram, "devstate": result.devstate, "disk": disk,
         }, image.machine, {"memory_mb": plan.memory_mb, "cpus": plan.cpus})

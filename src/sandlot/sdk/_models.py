@@ -15,11 +15,13 @@ class _Model(BaseModel):
 
 
 class SandboxInfo(_Model):
-    """A sandbox as the server describes it."""
+    """A sandbox as the server describes it. `state` is ``starting``, ``running``, ``paused``
+    (its whole state kept; `resume` brings it back), ``stopped`` or ``failed``."""
 
     sandbox_id: str
     template: str | None = None
     snapshot_id: str | None = None
+    forked_from: str | None = None  # the parent of a fork child
     state: str = "running"
     memory_mb: int | None = None
     cpus: int | None = None
