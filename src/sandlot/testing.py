@@ -178,20 +178,21 @@ class InProcess:
         return httpx.ASGITransport(self.app)
 
 
-def _fake_app(root: Path, **settings) -> tuple[object, object]:
+def _fake_app(root: Path, runtime=None, **settings) -> tuple[object, object]:
     from sandlot.runtime.fake import FakeRuntime
     from sandlot.server.app import create_app
 
-    runtime = FakeRuntime()
+    runtime = runtime or FakeRuntime()
     s = fake_settings(root, **settings)
     install_fake_template(s, runtime)
     return create_app(s, runtime=runtime), runtime
 
 
 @contextlib.asynccontextmanager
-async def in_process(root: Path, **settings):
-    """`async with in_process(tmp_path) as srv`: the app started (and stopped after)."""
-    app, runtime = _fake_app(root, **settings)
+async def in_process(root: Path, runtime=None, **settings):
+    """`async with in_process(tmp_path) as srv`: the app started (and stopped after). Pass the
+    `runtime` of an earlier one to restart "the same host"."""
+    app, runtime = _fake_app(root, runtime, **settings)
     async with app.router.lifespan_context(app):
         srv = InProcess(app=app, runtime=runtime, key="sl_test_" + secrets.token_hex(8))
         srv.core.db.add_key(srv.key)

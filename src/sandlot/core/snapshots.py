@@ -172,7 +172,8 @@ class SnapshotManager:
         """Capture and store `rec` in the background; `wait` for it."""
         async def job() -> None:
             try:
-                captured = await self.capture(live, rec)
+                async with live.lock:
+                    captured = await self.capture(live, rec)
             except Exception:  # noqa: BLE001 - recorded on the snapshot as `failed`
                 return
             try:
@@ -185,11 +186,10 @@ class SnapshotManager:
         self._spawn(job())
 
     async def capture(self, live: LiveSandbox, rec: SnapshotRecord) -> Captured:
-        """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds)."""
+        """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds).
+        Call with `live.lock` held."""
         try:
-            async with live.lock:
-                captured = await self.runtime.capture(live.vm, rec.snapshot_id,
-                                                      CaptureMode.LIVE)
+            captured = await self.runtime.capture(live.vm, rec.snapshot_id, CaptureMode.LIVE)
             rec.machine = captured.image.machine.to_dict()
             rec.pause_ms = round(captured.pause_ms, 2)
             rec.capture_ms = round(captured.total_ms, 2)

@@ -1,0 +1,175 @@
+"""Core's lifecycles through the REST API, in process on the fake runtime: pause and resume,
+snapshot completion, snapshots a host cannot load, fork bookkeeping, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from sandlot.core.models import SnapshotState
+from sandlot.testing import in_process
+from sandlot.vmm.description import FORMAT, MachineDescription
+from sandlot.vmm.qemu import parse_machine_help
+
+
+@pytest.fixture
+async def api(tmp_path):
+    async with in_process(tmp_path) as srv:
+        async with httpx.AsyncClient(transport=srv.async_transport(), base_url=srv.url,
+                                     headers={"authorization": f"Bearer {srv.key}"}) as http:
+            http.srv = srv
+            yield http
+
+
+async def create(api, **body) -> dict:
+    r = await api.post("/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def ready_snapshot(api, sid: str, name: str | None = None) -> dict:
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": name})
+    assert r.status_code == 201, r.text
+    r = await api.post(f"/v1/snapshots/{r.json()['snapshot_id']}/wait", params={"timeout": 5})
+    assert r.json()["state"] == "ready", r.text
+    return r.json()
+
+
+async def test_pause_and_resume_keep_the_sandbox(api) -> None:
+    sb = await create(api, metadata={"k": "v"}, env={"E": "1"})
+    sid = sb["sandbox_id"]
+    await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}, content=b"kept")
+    r = await api.post(f"/v1/sandboxes/{sid}/pause")
+    assert r.status_code == 200 and r.json()["state"] == "paused" and r.json()["pid"] is None
+    listed = (await api.get("/v1/sandboxes", params={"state": "paused"})).json()["sandboxes"]
+    assert [s["sandbox_id"] for s in listed] == [sid]
+    assert (await api.get("/v1/snapshots")).json()["snapshots"] == []  # pause snapshots hide
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
+    assert r.status_code == 404 and "not running" in r.json()["error"]["message"]
+    r = await api.post(f"/v1/sandboxes/{sid}/pause")
+    assert r.status_code == 404
+    r = await api.post(f"/v1/sandboxes/{sid}/resume", json={"timeout": 77})
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert info["state"] == "running" and info["timeout"] == 77
+    assert info["metadata"] == {"k": "v"} and info["env"] == {"E": "1"}
+    assert info["generation"] != sb["generation"]
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
+    assert r.content == b"kept"
+    r = await api.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 409 and r.json()["error"]["type"] == "InvalidStateError"
+    # A paused sandbox can be killed; its state goes with it.
+    await api.post(f"/v1/sandboxes/{sid}/pause")
+    assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "stopped"
+    snaps = api.srv.core.snapshots.list(kind="pause")
+    assert snaps == []
+
+
+async def test_a_failed_pause_upload_stops_the_sandbox_with_the_reason(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    api.srv.runtime.fail_persist = "store unreachable"
+    r = await api.post(f"/v1/sandboxes/{sid}/pause")
+    assert r.status_code == 500 and "store unreachable" in r.json()["error"]["message"]
+    info = (await api.get(f"/v1/sandboxes/{sid}")).json()
+    assert info["state"] == "stopped" and "store unreachable" in info["error"]
+
+
+async def test_snapshot_completion_is_awaited_not_polled(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    api.srv.runtime.persist_delay = 0.3
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
+    snap = r.json()
+    assert snap["state"] == "creating"
+    t0 = time.monotonic()
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 10})
+    assert r.json()["state"] == "ready" and 0.25 < time.monotonic() - t0 < 5
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 10})
+    assert r.json()["state"] == "ready"  # done: answers at once
+    api.srv.runtime.persist_delay = 5
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
+    r = await api.post(f"/v1/snapshots/{r.json()['snapshot_id']}/wait", params={"timeout": 0.2})
+    assert r.json()["state"] == "uploading"
+    assert (await api.post("/v1/snapshots/nope/wait")).status_code == 404
+
+
+async def test_a_snapshot_of_a_machine_this_host_lacks_is_refused_before_anything_starts(
+        api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    snap = await ready_snapshot(api, sid, "old-qemu")
+    core = api.srv.core
+    rec = core.snapshots.get("old-qemu")
+    rec.machine = {**rec.machine, "machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"}
+    core.snapshots._save(rec)
+    restores = api.srv.runtime.restores
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/restore")
+    assert r.status_code == 409
+    message = r.json()["error"]["message"]
+    assert "pc-q35-99.1" in message and "QEMU 99.1.0" in message and "lacks" in message
+    assert api.srv.runtime.restores == restores
+    r = await api.post(f"/v1/sandboxes/{sid}/rollback", json={"snapshot_id": "old-qemu"})
+    assert r.status_code == 409 and "pc-q35-99.1" in r.json()["error"]["message"]
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+
+async def test_fork_children_know_their_parent_and_leave_no_snapshot(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 3})
+    kids = r.json()["sandboxes"]
+    assert len(kids) == 3 and {k["forked_from"] for k in kids} == {sid}
+    assert {k["snapshot_id"] for k in kids} == {None}
+    assert (await api.get("/v1/snapshots")).json()["snapshots"] == []
+    assert api.srv.runtime.captures == {}  # the fork's capture is released
+
+
+async def test_a_restart_keeps_paused_sandboxes_and_snapshots(tmp_path) -> None:
+    async with in_process(tmp_path) as srv:
+        core = srv.core
+        from sandlot.core.models import CreateSandbox
+        rec = await core.sandboxes.create(CreateSandbox())
+        snap = core.sandboxes.snapshot(rec.sandbox_id, "keep")
+        await core.snapshots.wait(snap.snapshot_id)
+        await core.sandboxes.pause(rec.sandbox_id)
+    async with in_process(tmp_path, srv.runtime) as srv:
+        core = srv.core
+        assert core.sandboxes.get(rec.sandbox_id).state == "paused"
+        assert core.snapshots.get("keep").state == SnapshotState.READY
+        resumed = await core.sandboxes.resume(rec.sandbox_id)
+        assert resumed.state == "running"
+
+
+async def test_concurrent_pause_and_kill_serialize(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    results = await asyncio.gather(api.post(f"/v1/sandboxes/{sid}/pause"),
+                                   api.delete(f"/v1/sandboxes/{sid}"), return_exceptions=True)
+    codes = sorted(r.status_code for r in results)
+    assert codes[0] in (200, 204) and all(c < 500 for c in codes), [r.text for r in results]
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] in ("paused", "stopped")
+
+
+def test_machine_description_versions_and_problems() -> None:
+    types, q35 = parse_machine_help(
+        "Supported machines are:\nq35                  Standard PC (Q35 + ICH9, 2009) "
+        "(alias of pc-q35-7.2)\npc-q35-7.2           Standard PC (Q35 + ICH9, 2009)\n"
+        "pc-q35-7.1           Standard PC (Q35 + ICH9, 2009)\n")
+    assert q35 == "pc-q35-7.2" and {"pc-q35-7.1", "q35"} <= types
+    d = MachineDescription(machine_type="pc-q35-7.1", qemu_version="7.1.0", device_model="m",
+                           accel="tcg", base_mb=512, dimm_mb=128)
+    assert d.memory_mb == 640
+    assert MachineDescription.from_dict(d.to_dict()) == d
+    major = FORMAT.split(".")[0]
+    from sandlot.errors import InvalidStateError
+    for fmt in (f"{int(major) + 1}.0", f"{major}.99"):
+        with pytest.raises(InvalidStateError, match="format"):
+            MachineDescription.from_dict({**d.to_dict(), "format": fmt})
+    with pytest.raises(InvalidStateError, match="older sandlot"):
+        MachineDescription.from_dict(None)
+    from sandlot.vmm.qemu import QemuInfo
+    host = QemuInfo(version="8.0.0", machine_types=frozenset({"pc-q35-7.1"}),
+                    default_q35="pc-q35-8.0")
+    assert d.problems(host, "m", "tcg") == []
+    problems = d.problems(host, "other", "kvm")
+    assert len(problems) == 2 and "device model" in problems[0] and "kvm" in problems[1]
