@@ -368,6 +368,25 @@ def sandbox_kill(client: Sandlot, sandbox_id: str) -> None:
     click.echo(f"killed {sandbox_id}")
 
 
+@sandbox.command("pause")
+@click.argument("sandbox_id")
+@_json_option
+@_with_client
+def sandbox_pause(client: Sandlot, sandbox_id: str, as_json: bool) -> None:
+    """Keep a sandbox's whole state and stop its VM (`resume` brings it back)."""
+    _show(client.sandboxes.pause(sandbox_id), _SANDBOX_COLUMNS, as_json)
+
+
+@sandbox.command("resume")
+@click.argument("sandbox_id")
+@click.option("--timeout", type=int, help="New time to live, seconds.")
+@_json_option
+@_with_client
+def sandbox_resume(client: Sandlot, sandbox_id: str, timeout: int | None, as_json: bool) -> None:
+    """Bring a paused sandbox back exactly where it was, under its id."""
+    _show(client.sandboxes.resume(sandbox_id, timeout).info, _SANDBOX_COLUMNS, as_json)
+
+
 @sandbox.command("fork")
 @click.argument("sandbox_id")
 @click.option("--count", type=int, default=1, show_default=True, help="Children to start.")

@@ -81,6 +81,16 @@ def test_fork_and_rollback(fake: Fast) -> None:
     assert code == 0 and json.loads(out)["sandbox_id"] == sid
 
 
+def test_pause_resume(fake: Fast) -> None:
+    sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
+    code, out, _ = run("sandbox", "pause", sid, "--json")
+    assert code == 0 and json.loads(out)["state"] == "paused"
+    code, out, _ = run("sandbox", "resume", sid, "--timeout", "9", "--json")
+    assert code == 0 and (json.loads(out)["state"], json.loads(out)["timeout"]) == ("running", 9)
+    code, _, err = run("sandbox", "resume", sid)
+    assert code == 1 and "running" in err
+
+
 def test_snapshot_commands(fake: Fast) -> None:
     sid = json.loads(run("sandbox", "create", "--json")[1])["sandbox_id"]
     code, out, _ = run("snapshot", "create", sid, "--name", "n", "--wait", "--json")

@@ -425,3 +425,15 @@ def test_client_reopens_after_close(client: Sandlot) -> None:
 
 def test_public_names() -> None:
     assert sandlot.CommandExitError is CommandExitError
+
+
+def test_pause_and_resume(sbx: Sandbox, client: Sandlot) -> None:
+    sbx.files.write("/tmp/p", "state")
+    sbx.pause()
+    assert sbx.info.state == "paused" and not sbx.is_running()
+    assert [s.sandbox_id for s in client.sandboxes.list()] == [sbx.sandbox_id]
+    again = client.sandboxes.resume(sbx.sandbox_id, timeout=50)
+    assert again.info.state == "running" and again.info.timeout == 50
+    assert sbx.resume is not None and again.files.read("/tmp/p") == "state"
+    with pytest.raises(SandlotError, match="running"):
+        sbx.resume()

@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 # Extra read time on top of a command's own timeout, so the server's timeout error arrives first.
 COMMAND_TIMEOUT_SLACK = 30.0
 UPLOAD_CHUNK = 1 << 20
+LONG_POLL = 30.0  # s a snapshot wait request may be held by the server
 READ_FORMATS = ("text", "bytes", "stream")
 
 OutputCallback = Callable[[str], object]
@@ -154,6 +155,14 @@ def fork_sandbox(sandbox_id: str, count: int) -> Request:
     if not isinstance(count, int) or count < 1:
         raise InvalidArgumentError(f"count must be a positive integer, got {count!r}")
     return Request("POST", _sb(sandbox_id) + "/fork", json={"count": count})
+
+
+def pause_sandbox(sandbox_id: str) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/pause")
+
+
+def resume_sandbox(sandbox_id: str, timeout: int | None = None) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/resume", json={"timeout": timeout})
 
 
 def rollback_sandbox(sandbox_id: str, snapshot_id: str) -> Request:
@@ -393,13 +402,18 @@ def snapshot_done(info: SnapshotInfo) -> bool:
 
 
 def check_wait(info: SnapshotInfo, deadline: float | None, timeout: float | None) -> float:
-    """Raise `WaitTimeoutError` past `deadline`; else return how long to sleep before polling."""
+    """Raise `WaitTimeoutError` past `deadline`; else how long the server may hold the next
+    wait request (it answers as soon as the snapshot is done)."""
     if deadline is not None and monotonic() >= deadline:
         raise WaitTimeoutError(f"snapshot {info.snapshot_id} still {info.state} after {timeout}s")
-    delay = 0.1  # a GET of a snapshot is cheap; waiting long past `ready` is not
-    if deadline is not None:
-        delay = max(0.0, min(delay, deadline - monotonic()))
-    return delay
+    if deadline is None:
+        return LONG_POLL
+    return max(0.0, min(LONG_POLL, deadline - monotonic()))
+
+
+def wait_snapshot(name_or_id: str, seconds: float) -> Request:
+    """``POST /v1/snapshots/{id}/wait``: answers when the snapshot is done, or after `seconds`."""
+    return Request("POST", _snap(name_or_id) + "/wait", params={"timeout": round(seconds, 3)})
 
 
 def wait_deadline(timeout: float | None) -> float | None:

@@ -50,6 +50,16 @@ class AsyncSandboxes:
         """Stop `sandbox_id`; False if it was already gone."""
         return await AsyncSandbox(self._api, SandboxInfo(sandbox_id=sandbox_id)).kill()
 
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Pause `sandbox_id` (see `AsyncSandbox.pause`)."""
+        return SandboxInfo.model_validate(
+            await self._api.call(_base.pause_sandbox(sandbox_id)))
+
+    async def resume(self, sandbox_id: str, timeout: int | None = None) -> AsyncSandbox:
+        """Resume a paused sandbox; the running sandbox."""
+        data = await self._api.call(_base.resume_sandbox(sandbox_id, timeout))
+        return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
+
 
 class AsyncSnapshots:
     """``client.snapshots``."""

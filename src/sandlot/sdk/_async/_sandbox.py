@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from sandlot.errors import NotFoundError, SandlotError
@@ -179,6 +178,19 @@ class AsyncSandbox:
         _base.check_fork(infos, errors)
         return AsyncForkList([self._child(info) for info in infos], errors)
 
+    async def pause(self) -> None:
+        """Keep the sandbox's whole state (memory, processes, files) and stop its VM, so it
+        costs nothing while it waits; `resume` brings it back exactly where it was, under the
+        same id. Returns once the state is stored."""
+        self._info = SandboxInfo.model_validate(
+            await self._api.call(_base.pause_sandbox(self.sandbox_id)))
+
+    async def resume(self, timeout: int | None = None) -> AsyncSandbox:
+        """Bring a paused sandbox back (with a new `timeout` if given); returns self."""
+        self._info = SandboxInfo.model_validate(
+            await self._api.call(_base.resume_sandbox(self.sandbox_id, timeout)))
+        return self
+
     async def rollback(self, snapshot: AsyncSnapshot | SnapshotInfo | str) -> AsyncSandbox:
         """Reset this sandbox to `snapshot` (object, id or name); keeps the same sandbox_id."""
         req = _base.rollback_sandbox(self.sandbox_id, _base.snapshot_ref(snapshot))
@@ -266,15 +278,17 @@ class AsyncSnapshot:
         return self
 
     async def wait(self, timeout: float | None = 120) -> AsyncSnapshot:
-        """Poll until the snapshot is ``ready``; returns self.
+        """Wait until the snapshot is ``ready``; returns self. The server answers the moment
+        it is (no polling interval to wait out).
 
         Raises `SnapshotFailedError` if it fails (or is deleted) and `WaitTimeoutError` after
         `timeout` seconds (None: wait forever).
         """
         deadline = _base.wait_deadline(timeout)
         while not _base.snapshot_done(self._info):
-            await asyncio.sleep(_base.check_wait(self._info, deadline, timeout))
-            await self.refresh()
+            step = _base.check_wait(self._info, deadline, timeout)
+            self._info = SnapshotInfo.model_validate(
+                await self._api.call(_base.wait_snapshot(self.snapshot_id, step)))
         return self
 
     async def restore(self, name: str | None = None) -> AsyncSandbox:

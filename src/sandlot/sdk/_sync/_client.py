@@ -52,6 +52,16 @@ class Sandboxes:
         """Stop `sandbox_id`; False if it was already gone."""
         return Sandbox(self._api, SandboxInfo(sandbox_id=sandbox_id)).kill()
 
+    def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Pause `sandbox_id` (see `Sandbox.pause`)."""
+        return SandboxInfo.model_validate(
+            self._api.call(_base.pause_sandbox(sandbox_id)))
+
+    def resume(self, sandbox_id: str, timeout: int | None = None) -> Sandbox:
+        """Resume a paused sandbox; the running sandbox."""
+        data = self._api.call(_base.resume_sandbox(sandbox_id, timeout))
+        return Sandbox(self._api, SandboxInfo.model_validate(data))
+
 
 class Snapshots:
     """``client.snapshots``."""

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sandlot.errors import NotFoundError, SandlotError
@@ -181,6 +180,19 @@ class Sandbox:
         _base.check_fork(infos, errors)
         return ForkList([self._child(info) for info in infos], errors)
 
+    def pause(self) -> None:
+        """Keep the sandbox's whole state (memory, processes, files) and stop its VM, so it
+        costs nothing while it waits; `resume` brings it back exactly where it was, under the
+        same id. Returns once the state is stored."""
+        self._info = SandboxInfo.model_validate(
+            self._api.call(_base.pause_sandbox(self.sandbox_id)))
+
+    def resume(self, timeout: int | None = None) -> Sandbox:
+        """Bring a paused sandbox back (with a new `timeout` if given); returns self."""
+        self._info = SandboxInfo.model_validate(
+            self._api.call(_base.resume_sandbox(self.sandbox_id, timeout)))
+        return self
+
     def rollback(self, snapshot: Snapshot | SnapshotInfo | str) -> Sandbox:
         """Reset this sandbox to `snapshot` (object, id or name); keeps the same sandbox_id."""
         req = _base.rollback_sandbox(self.sandbox_id, _base.snapshot_ref(snapshot))
@@ -268,15 +280,17 @@ class Snapshot:
         return self
 
     def wait(self, timeout: float | None = 120) -> Snapshot:
-        """Poll until the snapshot is ``ready``; returns self.
+        """Wait until the snapshot is ``ready``; returns self. The server answers the moment
+        it is (no polling interval to wait out).
 
         Raises `SnapshotFailedError` if it fails (or is deleted) and `WaitTimeoutError` after
         `timeout` seconds (None: wait forever).
         """
         deadline = _base.wait_deadline(timeout)
         while not _base.snapshot_done(self._info):
-            time.sleep(_base.check_wait(self._info, deadline, timeout))
-            self.refresh()
+            step = _base.check_wait(self._info, deadline, timeout)
+            self._info = SnapshotInfo.model_validate(
+                self._api.call(_base.wait_snapshot(self.snapshot_id, step)))
         return self
 
     def restore(self, name: str | None = None) -> Sandbox:
