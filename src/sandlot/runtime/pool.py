@@ -54,7 +54,8 @@ class WarmPool:
         """Keep `size` VMs of each image; an image that changed (a rebuilt template) replaces
         its name's older VMs."""
         for name, image in images.items():
-            self._targets[name] = image
+            if name not in self._targets or self._targets[name].key != image.key:
+                self._targets[name] = image
             self._entries.setdefault(name, [])
             self._stats.setdefault(name, PoolStats(size=self.size))
         self._wake.set()
@@ -123,7 +124,7 @@ class WarmPool:
                         self._wake.set()
                         break
                     failures = 0
-                    if self._targets.get(name) is image:
+                    if self._targets.get(name, image).key == image.key:
                         entries.append(vm)
                     else:  # the template changed while this one was restored
                         self._spawn_discard(vm)
