@@ -128,3 +128,37 @@ def test_full_disk_during_upload_fails_with_the_reason(tiny_store, server_factor
     assert ask(sbx) == answer
     sbx.kill()
 
+
+
+def test_a_snapshot_of_a_machine_type_this_qemu_lacks_is_refused_up_front(own_server):
+    """The machine a snapshot was taken of is recorded with it (versioned machine type, QEMU
+    version); one this host cannot run is refused with the reason, before anything starts."""
+    import json
+    import sqlite3
+
+    kw = own_server.client_kwargs()
+    sbx = Sandbox.create(timeout=600, **kw)
+    snap = sbx.create_snapshot(name="from-the-future").wait()
+    db = sqlite3.connect(own_server.data_dir / "sandlot.db")
+    doc = json.loads(db.execute("SELECT doc FROM snapshots WHERE id = ?",
+                                (snap.snapshot_id,)).fetchone()[0])
+    assert doc["machine"]["machine_type"].startswith("pc-q35-")  # versioned, not the alias
+    assert doc["machine"]["qemu_version"]
+    doc["machine"] |= {"machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"}
+    db.execute("UPDATE snapshots SET doc = ? WHERE id = ?", (json.dumps(doc), snap.snapshot_id))
+    db.commit()
+    db.close()
+    pids = set(qemu_pids(own_server.run_root))
+    with pytest.raises(InvalidStateError) as err:
+        snap.restore()
+    assert "pc-q35-99.1" in err.value.message and "lacks" in err.value.message
+    with pytest.raises(InvalidStateError):
+        sbx.rollback(snap)
+    assert set(qemu_pids(own_server.run_root)) == pids
+    assert sbx.is_running()
+    # What the QEMU processes run: the versioned machine type.
+    pid = sbx.get_info().pid
+    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    machine = cmdline[cmdline.index(b"-machine") + 1].decode()
+    assert machine.startswith("pc-q35-") and machine.split(",")[0] != "q35"
+    sbx.kill()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from sandlot.errors import InvalidStateError
 from sandlot.guest.client import (
     Configure,
     ExecEvent,
@@ -24,8 +25,10 @@ from sandlot.guest.client import (
     ProcessInfo,
     Started,
 )
+from sandlot.vmm import hotplug
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.network import NetworkPolicy
+from sandlot.vmm.qemu import QemuInfo
 
 __all__ = [
     "Captured", "CaptureMode", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
@@ -137,12 +140,19 @@ class Runtime(abc.ABC):
     accel: str = "tcg"
 
     @abc.abstractmethod
+    def host_machine(self) -> tuple[QemuInfo, str]:
+        """This host's QEMU and the device model its VMs have."""
+
     def check_loadable(self, machine: MachineDescription) -> None:
         """Raise InvalidStateError saying why this host cannot restore such an image."""
+        problems = machine.problems(*self.host_machine(), self.accel)
+        if problems:
+            raise InvalidStateError("; ".join(problems))
 
-    @abc.abstractmethod
     def check_plan(self, image: Image, plan: MachinePlan) -> None:
         """Raise InvalidArgumentError if `plan` cannot be made of `image` (memory, CPUs)."""
+        hotplug.check_overrides(image.machine.base_mb, image.machine.dimm_mb, plan.memory_mb,
+                                plan.cpus)
 
     @abc.abstractmethod
     async def claim(self, image: Image, plan: MachinePlan) -> Vm | None:

@@ -47,7 +47,6 @@ from sandlot.runtime.base import (
     Stored,
     Vm,
 )
-from sandlot.vmm import hotplug
 from sandlot.vmm.qemu import QemuInfo
 
 FAKE_QEMU = QemuInfo(version="7.2.0", machine_types=frozenset({"pc-q35-7.2"}),
@@ -407,14 +406,8 @@ class FakeRuntime(Runtime):
                                   device_model=FAKE_DEVICE_MODEL, accel=self.accel,
                                   base_mb=memory_mb, cpus=cpus)
 
-    def check_loadable(self, machine: MachineDescription) -> None:
-        problems = machine.problems(self.qemu, FAKE_DEVICE_MODEL, self.accel)
-        if problems:
-            raise InvalidStateError("; ".join(problems))
-
-    def check_plan(self, image: Image, plan: MachinePlan) -> None:
-        hotplug.check_overrides(image.machine.base_mb, image.machine.dimm_mb, plan.memory_mb,
-                                plan.cpus)
+    def host_machine(self) -> tuple[QemuInfo, str]:
+        return self.qemu, FAKE_DEVICE_MODEL
 
     async def claim(self, image: Image, plan: MachinePlan) -> Vm | None:
         return None

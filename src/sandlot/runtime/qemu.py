@@ -30,7 +30,6 @@ from sandlot.config import Settings
 from sandlot.errors import (
     GuestError,
     InvalidArgumentError,
-    InvalidStateError,
     SandlotError,
     VmmError,
 )
@@ -56,7 +55,7 @@ from sandlot.vmm.disk import DiskChain
 from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
 from sandlot.vmm.network import NetworkPolicy
 from sandlot.vmm.processes import qemu_alive, qemus_under
-from sandlot.vmm.qemu import qemu_info
+from sandlot.vmm.qemu import QemuInfo, qemu_info
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +86,8 @@ class QemuRuntime(Runtime):
 
     # ---- checks ---------------------------------------------------------------------------
 
-    def check_loadable(self, machine: MachineDescription) -> None:
-        problems = machine.problems(qemu_info(), DEVICE_MODEL, self.accel)
-        if problems:
-            raise InvalidStateError("; ".join(problems))
-
-    def check_plan(self, image: Image, plan: MachinePlan) -> None:
-        hotplug.check_overrides(image.machine.base_mb, image.machine.dimm_mb, plan.memory_mb,
-                                plan.cpus)
+    def host_machine(self) -> tuple[QemuInfo, str]:
+        return qemu_info(), DEVICE_MODEL
 
     # ---- bringing VMs up ------------------------------------------------------------------
 
