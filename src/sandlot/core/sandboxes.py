@@ -36,7 +36,7 @@ from sandlot.errors import (
     StorageError,
     VmmError,
 )
-from sandlot.runtime.base import CaptureMode, MachinePlan, NetworkPolicy, Runtime
+from sandlot.runtime.base import MachinePlan, NetworkPolicy, Runtime
 
 log = logging.getLogger(__name__)
 MAX_FORK = 64
@@ -281,9 +281,8 @@ class SandboxManager:
         live = self.get_live(sandbox_id)
         parent = live.record
         key = "fork-" + secrets.token_hex(5)
-        async with live.lock:  # stop and copy: quicker, and the children wait for it
-            captured = await self.runtime.capture(live.vm, key, CaptureMode.STOP,
-                                                  persistent=False)
+        async with live.lock:
+            captured = await self.runtime.capture(live.vm, key, persistent=False)
         try:
             source = Source(image=captured.image, env=dict(parent.env),
                             template=parent.template, workdir=parent.workdir)

@@ -38,7 +38,7 @@ from sandlot.errors import (
     StorageError,
 )
 from sandlot.images.spec import NAME_RE
-from sandlot.runtime.base import Captured, CaptureMode, Image, MachineDescription, Runtime
+from sandlot.runtime.base import Captured, Image, MachineDescription, Runtime
 
 log = logging.getLogger(__name__)
 TERMINAL = (SnapshotState.READY, SnapshotState.FAILED, SnapshotState.DELETED)
@@ -189,7 +189,7 @@ class SnapshotManager:
         """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds).
         Call with `live.lock` held."""
         try:
-            captured = await self.runtime.capture(live.vm, rec.snapshot_id, CaptureMode.LIVE)
+            captured = await self.runtime.capture(live.vm, rec.snapshot_id)
             rec.machine = captured.image.machine.to_dict()
             rec.pause_ms = round(captured.pause_ms, 2)
             rec.capture_ms = round(captured.total_ms, 2)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 from sandlot.errors import InvalidStateError
@@ -31,15 +30,10 @@ from sandlot.vmm.network import NetworkPolicy
 from sandlot.vmm.qemu import QemuInfo
 
 __all__ = [
-    "Captured", "CaptureMode", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
+    "Captured", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
     "MachineDescription", "MachinePlan", "NetworkPolicy", "Output", "ProcessInfo", "Runtime",
     "Started", "Stored", "Vm",
 ]
-
-
-class CaptureMode(StrEnum):
-    LIVE = "live"  # the VM pauses for milliseconds; the capture finishes later (snapshots)
-    STOP = "stop"  # the VM pauses for the whole capture, which finishes sooner (forks, builds)
 
 
 @dataclass(frozen=True)
@@ -165,10 +159,10 @@ class Runtime(abc.ABC):
         fresh entropy, CPUs, memory and clock set. On failure nothing of it is left."""
 
     @abc.abstractmethod
-    async def capture(self, vm: Vm, key: str, mode: CaptureMode, *,
-                      persistent: bool = True) -> Captured:
-        """Snapshot a running VM into image `key`; the VM keeps running. Its files are held
-        until `release(key)`."""
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
+        """Snapshot a running VM into image `key`; the VM keeps running, paused for as long
+        as copying what it changed since its restore takes. Its files are held until
+        `release(key)`."""
 
     @abc.abstractmethod
     async def persist(self, captured: Captured, meta: dict) -> Stored:

@@ -32,7 +32,6 @@ from sandlot.errors import (
 from sandlot.guest.client import Configure, Configured
 from sandlot.runtime.base import (
     Captured,
-    CaptureMode,
     ExecEvent,
     Exited,
     FileEntry,
@@ -440,8 +439,7 @@ class FakeRuntime(Runtime):
         self.images[image.key] = GuestState(env=dict(plan.env))
         return image, Stored(size_bytes=1 << 20, stored_bytes=1 << 19), 1.0
 
-    async def capture(self, vm: Vm, key: str, mode: CaptureMode, *,
-                      persistent: bool = True) -> Captured:
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
         assert isinstance(vm, FakeVm)
         guest = await vm.guest()
         image = Image(key=key, build=vm.image.build,

@@ -36,7 +36,6 @@ from sandlot.errors import (
 from sandlot.guest.client import AgentClient, Configure
 from sandlot.runtime.base import (
     Captured,
-    CaptureMode,
     Image,
     MachinePlan,
     Runtime,
@@ -253,14 +252,11 @@ class QemuRuntime(Runtime):
         try:
             await warm_up(vm.agent)
             await asyncio.sleep(0.5)  # let boot-time work settle: an idle guest
-            result = await vmm_snapshot.capture(vm.machine, vm.disks, work / "snap",
-                                                self.settings.run_root / f"th-{build[:8]}",
-                                                live=False)
+            result = await vmm_snapshot.capture(vm.machine, vm.disks, work / "snap")
             disk = work / "snap" / "disk.qcow2"
             await vm.disks.flatten_frozen(disk)
         finally:
             await self.kill(vm)
-        await vmm_snapshot.punch_zero_pages(result.ram)
         image = Image(key=f"tpl-{build}", build=build, machine=vm.image.machine)
         stored = await self.store.put(image.key, {
             "ram": result.ram, "devstate": result.devstate, "disk": disk,
@@ -270,8 +266,7 @@ class QemuRuntime(Runtime):
 
     # ---- capture and storage --------------------------------------------------------------
 
-    async def capture(self, vm: Vm, key: str, mode: CaptureMode, *,
-                      persistent: bool = True) -> Captured:
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
         assert isinstance(vm, QemuVm)
         lease = self.cache.create(key, persistent)
         try:
@@ -280,9 +275,7 @@ class QemuRuntime(Runtime):
                 if vm.disks.frozen is not None:
                     raise VmmError(f"sandbox {vm.id}: its disk chain could not be compacted "
                                    "before the snapshot")
-                result = await vmm_snapshot.capture(
-                    vm.machine, vm.disks, self.cache.dir(key),
-                    self.settings.run_root / f"h-{key}", live=mode == CaptureMode.LIVE)
+                result = await vmm_snapshot.capture(vm.machine, vm.disks, self.cache.dir(key))
                 vm.save()
             # The guest's clock stood still during the pause: bring it back to the host's.
             try:
@@ -297,10 +290,6 @@ class QemuRuntime(Runtime):
             raise
         self._captures[key] = lease
         self._spawn(self._compact_locked(vm))
-        # The migration read every page of the VM's RAM, and reading a hole of the tmpfs file
-        # it was restored from allocates it: give those zero pages back too.
-        ram = [result.ram, result.dimm, vm.lease.path("ram") if vm.lease else None]
-        self._spawn(self._punch(ram))
         image = Image(key=key, build=vm.image.build, machine=describe(vm.machine.spec, vm.cpus),
                       persistent=persistent)
         return Captured(image=image, pause_ms=result.pause_ms, total_ms=result.total_ms)
@@ -317,14 +306,6 @@ class QemuRuntime(Runtime):
     async def _compact_locked(self, vm: QemuVm) -> None:
         async with vm.lock:
             await self._compact(vm)
-
-    async def _punch(self, files: list[Path | None]) -> None:
-        for ram in files:
-            if ram is not None and ram.exists():
-                try:
-                    await vmm_snapshot.punch_zero_pages(ram)
-                except SandlotError as e:
-                    log.warning("could not free zero pages of %s: %s", ram, e)
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         key = captured.image.key

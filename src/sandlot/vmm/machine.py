@@ -139,6 +139,10 @@ class MachineSpec:
             "-device", "virtio-rng-pci,rng=rng0",
             "-netdev", self.netdev,
             "-device", f"virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile=,{NIC_FEATURES}",
+            # Device state is saved without RAM (xen-save-devices-state) and loaded through
+            # migrate-incoming, which then expects no configuration section; the vapic
+            # option ROM's state would not survive that round trip.
+            "-global", "migration.send-configuration=off", "-global", "apic.vapic=off",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.run_dir / "qemu.pid"),
             *self.dimm_args(),

@@ -1,48 +1,46 @@
 """Snapshot and restore of a running machine.
 
-Capture writes the machine's RAM into a *holder*: a never-run QEMU with the same device model,
-``-incoming``, and its RAM in a new ``share=on`` file, the snapshot's RAM file. The source's
-next disk overlay is created and opened (``blockdev-add``); then the source is stopped, the
-overlay goes on top (``blockdev-snapshot``: the old one is frozen as the snapshot's disk at the
-RAM's instant) and the source migrates to the holder in one of two ways:
+Capture (`capture`): the pages the VM changed relative to its RAM file are found in
+/proc/PID/pagemap (vmm/memory.py); before the pause a buffer for them is mapped and the
+machine's next disk overlay created and opened. Then, with the machine stopped:
 
-- ``live=True`` (snapshots): QEMU's *background snapshot*. The device state is taken while the
-  source is stopped, its RAM is write-protected (userfaultfd), and the source runs again while
-  the RAM streams out; a page the guest writes meanwhile is copied out before the write goes
-  through. The snapshot is the instant of the stop, and the pause is the stop, not the copy.
-- ``live=False`` (forks, template builds): stop and copy. The pause is the whole copy (about
-  0.3 s for 512 MiB here), but the capture is over sooner, which is what a fork waits for.
+1. the next overlay goes on top of the disk (`blockdev-snapshot`): the old top is frozen at
+   the instant of the RAM;
+2. the changed pages are copied out of the QEMU process into the buffer;
+3. QEMU writes the state of every device but RAM (`xen-save-devices-state`, ~0.2 MB);
+4. the machine runs again.
 
-Not precopy: QEMU 7.2 under TCG loses pages the guest writes while a precopy migration runs (the
-same dozen kernel pages, run after run; tests/vm/test_snapshot_busy.py), so its snapshots of a
-busy guest did not boot. Neither way here depends on dirty-page tracking.
+The pause is proportional to what changed since the VM's restore, not to its RAM size. After
+it, the image's RAM file is written: its source's with the copied pages over it.
 
-The holder, never run, saves its device state with ``x-ignore-shared`` (RAM skipped: it is in
-the file) and exits. It allocates tmpfs pages for zero pages too: `punch_zero_pages` gives them
-back. It changes no byte of the file, so it is safe to run while restores map it.
+Why not QEMU's migration: under QEMU 7.2 TCG a live precopy lost pages a busy guest wrote
+(tests/vm/test_snapshot_busy.py), a background snapshot write-protects every page of RAM (its
+pause grows with RAM), and both copy all of it. Here the kernel's page tables say exactly what
+changed, and nothing runs while it is copied.
 
-Restore: a new QEMU maps the snapshot RAM file ``share=off`` (MAP_PRIVATE: copy-on-write over
-the shared page cache), gets its own qcow2 overlay on the snapshot disk, and loads the device
-state with ``x-ignore-shared``. The RAM file must never change while restores of it live.
+Restore (`restore`): a new QEMU maps the image's RAM file ``share=off`` (copy-on-write over the
+shared page cache: an idle restored VM costs a few MiB of its own) and loads the device state
+through ``migrate-incoming`` (the destination runs with ``migration.send-configuration=off``,
+since the device state stream carries no configuration section). The RAM file must never
+change while restores of it live.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandlot.errors import VmmError
-from sandlot.vmm.disk import DiskChain, create_overlay
-from sandlot.vmm.machine import NO_NETWORK, Machine, MachineSpec
+import numpy as np
 
-MIGRATE_PARAMS = {
-    "max-bandwidth": 64 << 30,  # unthrottled: the stream is a local unix socket
-}
-POPULATE_CHUNK = 8 << 20
+from sandlot.errors import VmmError
+from sandlot.vmm import memory
+from sandlot.vmm.disk import DiskChain
+from sandlot.vmm.machine import Machine, MachineSpec
+
+MARGIN_PAGES = 8192  # 32 MiB: pages a running guest may change between the count and the pause
 
 
 @dataclass
@@ -50,123 +48,106 @@ class CaptureResult:
     ram: Path
     dimm: Path | None
     devstate: Path
-    pause_ms: float  # source stopped -> running again, as the host saw it
+    pause_ms: float  # stopped -> running again, as the host saw it
     total_ms: float
+    changed: dict[str, np.ndarray] = field(default_factory=dict)  # region -> page indices
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
 
-async def capture(source: Machine, disks: DiskChain, out_dir: Path, holder_dir: Path, *,
-                  live: bool = True) -> CaptureResult:
-    """Snapshot `source` into `out_dir` (ram, devstate); its disk chain freezes its top layer
-    (`disks.frozen`) at the RAM's instant and goes on on a new one.
+def _regions(machine: Machine) -> list[memory.Region]:
+    spec = machine.spec
+    ram = (spec.ram_path, spec.base_mb << 20)
+    dimm = (spec.dimm_path, spec.dimm_mb << 20) if spec.dimm_mb else None
+    return memory.regions(machine.pid, ram, dimm)
 
-    `live`: background snapshot (the source pauses for milliseconds); else stop and copy. On
-    failure the source runs again (on the new overlay if it got that far); nothing is written
-    under `out_dir` but partial files the caller discards.
-    """
+
+async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureResult:
+    """Snapshot `machine` into `out_dir` (ram, ram.dimm, devstate); its disk chain freezes its
+    top layer (`disks.frozen`) at the RAM's instant and goes on on a new one. On failure the
+    machine runs again (on the new overlay if it got that far)."""
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    ram = out_dir / "ram"
     devstate = out_dir / "devstate"
-    holder_dir.mkdir(parents=True, exist_ok=True)
-    holder_disk = holder_dir / "disk.qcow2"
-    # The holder's disk, and the source's next overlay: made now, so the pause only stacks it.
-    await asyncio.gather(create_overlay(holder_disk, disks.top, "qcow2", disks.size),
-                         disks.open_next(source))
-    holder_spec = source.spec.with_(
-        run_dir=holder_dir, disk=holder_disk, ram_path=ram, ram_share=True, incoming=True,
-        netdev=NO_NETWORK, exec_prefix=(),
-        dimm_path=out_dir / "ram.dimm" if source.spec.dimm_mb else None,
-    )
-    try:
-        holder = await Machine.launch(holder_spec)
-    except BaseException:
-        await disks.drop_next(source)
-        shutil.rmtree(holder_dir, ignore_errors=True)
-        raise
-    paused_at = resumed_at = 0.0
+    regions = _regions(machine)
+    expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
+    buffer = memory.PageBuffer(expected + MARGIN_PAGES)
+    phases: dict[str, float] = {}
+    deltas: list[memory.Delta] = []
+    await disks.open_next(machine)
     stacked = False
     try:
-        sock = holder_dir / "mig.sock"
-        await holder.execute("migrate-set-parameters", MIGRATE_PARAMS)
-        await holder.execute("migrate-incoming", {"uri": f"unix:{sock}"})
-        await source.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "pause-before-switchover", "state": False},
-            {"capability": "x-ignore-shared", "state": False},
-            {"capability": "background-snapshot", "state": live},
-        ]})
-        await source.execute("migrate-set-parameters", MIGRATE_PARAMS)
-        if live:
-            # Write-protecting RAM needs its pages mapped; QEMU maps the missing ones while
-            # the source is stopped. Map them now, while it runs, so the pause stays short.
-            await asyncio.to_thread(populate_ram, source)
         paused_at = time.monotonic()
-        await source.stop()
+        await machine.stop()
         try:
-            await disks.stack_next(source)
+            await disks.stack_next(machine)
             stacked = True
-            await source.execute("migrate", {"uri": f"unix:{sock}"})
-            if live:  # QEMU runs the source again once its RAM is write-protected
-                await source.wait_running(timeout=60)
-                resumed_at = time.monotonic()
-            await source.wait_migration(("completed",), timeout=300)
-        except BaseException:
-            with contextlib.suppress(VmmError):
-                await source.execute("migrate_cancel")
-            raise
+            t = time.monotonic()
+            changed = [(r, memory.changed_pages(machine.pid, r)) for r in regions]
+            deltas = await asyncio.to_thread(memory.read_pages, machine.pid, changed, buffer)
+            phases["copy"] = (time.monotonic() - t) * 1000
+            t = time.monotonic()
+            await machine.execute("xen-save-devices-state",
+                                  {"filename": str(devstate), "live": False})
+            phases["devices"] = (time.monotonic() - t) * 1000
         finally:
             with contextlib.suppress(VmmError):
-                await source.ensure_running()
-            resumed_at = resumed_at or time.monotonic()
-            with contextlib.suppress(VmmError):
-                await source.execute("migrate-set-capabilities", {"capabilities": [
-                    {"capability": "background-snapshot", "state": False}]})
-        await holder.wait_incoming(timeout=60)
-        await holder.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "x-ignore-shared", "state": True}]})
-        await holder.execute("migrate", {"uri": f"exec:cat > {devstate}"})
-        await holder.wait_migration(("completed",), timeout=60)
-    except BaseException as e:
-        if not stacked:  # the source stays on its disk: drop the overlay it did not take
-            await disks.drop_next(source)
-        if isinstance(e, VmmError):
-            raise VmmError(f"{e.message} (holder: {holder.log_tail(600) or 'no output'})") from e
+                await machine.ensure_running()
+            resumed_at = time.monotonic()
+        t = time.monotonic()
+        out = {}
+        for delta in deltas:
+            out[delta.region.name] = out_dir / ("ram" if delta.region.name == "ram"
+                                                else "ram.dimm")
+            await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
+        phases["write"] = (time.monotonic() - t) * 1000
+    except BaseException:
+        if not stacked:  # the machine stays on its disk: drop the overlay it did not take
+            await disks.drop_next(machine)
         raise
     finally:
-        await holder.kill()
-        shutil.rmtree(holder_dir, ignore_errors=True)
-    return CaptureResult(ram=ram, dimm=holder_spec.dimm_path, devstate=devstate,
+        changed = {d.region.name: d.pages for d in deltas}
+        for delta in deltas:
+            delta.data.release()
+        buffer.close()
+    return CaptureResult(ram=out["ram"], dimm=out.get("dimm"), devstate=devstate,
                          pause_ms=(resumed_at - paused_at) * 1000,
-                         total_ms=(time.monotonic() - t0) * 1000)
+                         total_ms=(time.monotonic() - t0) * 1000,
+                         changed=changed, phases_ms=phases)
 
 
-def populate_ram(machine: Machine) -> None:
-    """Map every page of the machine's RAM files in its QEMU process (by reading them through
-    /proc/<pid>/mem); the guest sees nothing of it."""
-    spec = machine.spec
-    paths = {str(p) for p in (spec.ram_path, spec.dimm_path) if p is not None}
-    # A DIMM without a file (hotplugged on restore) is the anonymous mapping of its size.
-    anonymous_size = spec.dimm_mb << 20 if spec.dimm_mb and spec.dimm_path is None else None
-    buf = bytearray(POPULATE_CHUNK)
+async def restore(spec: MachineSpec, devstate: Path, timeout: float = 60.0) -> Machine:
+    """Start a machine from an image's RAM file (`spec.ram_path`) and device state.
+
+    The machine is left paused: the caller finishes its setup and sends ``cont``.
+    """
+    if spec.ram_path is None or spec.ram_share:
+        raise VmmError("restore needs the image's RAM file mapped share=off")
+    machine = await Machine.launch(spec.with_(incoming=True))
     try:
-        ranges = []
-        with open(f"/proc/{machine.pid}/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if (fields[-1] in paths if len(fields) >= 6
-                        else end - start == anonymous_size):
-                    ranges.append((start, end))
-        with open(f"/proc/{machine.pid}/mem", "rb", buffering=0) as mem:
-            for start, end in ranges:
-                for offset in range(start, end, POPULATE_CHUNK):
-                    mem.seek(offset)
-                    mem.readinto(memoryview(buf)[: min(POPULATE_CHUNK, end - offset)])
-    except OSError:
-        pass  # an optimisation only: QEMU maps what is missing itself
+        sock = spec.run_dir / "incoming.sock"
+        await machine.execute("migrate-incoming", {"uri": f"unix:{sock}"})
+        await _send_file(sock, devstate)
+        await machine.wait_incoming(timeout)
+    except BaseException:
+        await machine.kill()
+        raise
+    return machine
+
+
+async def _send_file(sock: Path, path: Path) -> None:
+    """Stream a file into a unix socket QEMU listens on (QEMU opens and runs nothing)."""
+    _, writer = await asyncio.open_unix_connection(str(sock))
+    try:
+        writer.write(await asyncio.to_thread(path.read_bytes))
+        await writer.drain()
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 async def punch_zero_pages(path: Path) -> None:
-    """Give zero-filled pages of a RAM file back to tmpfs (the migration may allocate them)."""
+    """Give zero-filled pages of a RAM file back to tmpfs."""
     proc = await asyncio.create_subprocess_exec(
         "fallocate", "--dig-holes", str(path),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -174,22 +155,3 @@ async def punch_zero_pages(path: Path) -> None:
     _, err = await proc.communicate()
     if proc.returncode:
         raise VmmError(f"fallocate --dig-holes failed: {err.decode().strip()}")
-
-
-async def restore(spec: MachineSpec, devstate: Path, timeout: float = 60.0) -> Machine:
-    """Start a machine from a snapshot's RAM file (`spec.ram_path`) and device state.
-
-    The machine is left paused: the caller finishes its setup and sends ``cont``.
-    """
-    if spec.ram_path is None or spec.ram_share:
-        raise VmmError("restore needs the snapshot RAM file mapped share=off")
-    machine = await Machine.launch(spec.with_(incoming=True))
-    try:
-        await machine.execute("migrate-set-capabilities", {"capabilities": [
-            {"capability": "x-ignore-shared", "state": True}]})
-        await machine.execute("migrate-incoming", {"uri": f"exec:cat {devstate}"})
-        await machine.wait_incoming(timeout)
-    except BaseException:
-        await machine.kill()
-        raise
-    return machine

@@ -1,0 +1,284 @@
+"""Guest RAM as the host sees it: which pages a VM changed, and copies of them.
+
+A restored VM maps its RAM file copy-on-write (``share=off``: MAP_PRIVATE). A page the guest,
+or QEMU for it, writes becomes an anonymous page of the QEMU process, and /proc/PID/pagemap
+tells those apart from pages still backed by the file. So a restored VM's memory is its RAM
+file plus its anonymous pages: what it changed since the restore, known exactly and without
+dirty tracking (the kernel keeps it for us; QEMU's own dirty log lost pages under TCG, see
+docs/design.md). A cold-booted VM's RAM is anonymous: its present pages, over zeros.
+
+A capture reads those pages out of the stopped process (`process_vm_readv`, into a buffer
+mapped before the pause) and writes a new RAM file: the old one with them written over it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sandlot.errors import VmmError
+
+PAGE = 4096
+_PRESENT = np.uint64(1 << 63)
+_SWAPPED = np.uint64(1 << 62)
+_FILE = np.uint64(1 << 61)
+_IOV_MAX = 1024
+_MADV_POPULATE_WRITE = 23  # Linux 5.14
+COPY_BUFFER = 8 << 20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong,
+                                   ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+
+@dataclass(frozen=True)
+class Region:
+    """One guest RAM block in QEMU's address space."""
+
+    name: str  # "ram" or "dimm": the file it becomes in an image
+    start: int
+    size: int
+    base: Path | None  # the file it maps copy-on-write; None: anonymous (over zeros)
+
+
+def regions(pid: int, ram: tuple[Path | None, int], dimm: tuple[Path | None, int] | None
+            ) -> list[Region]:
+    """The RAM blocks of QEMU `pid`: main RAM (`ram`: its file or None, size in bytes) and a
+    DIMM if it has one. Anonymous blocks are found by their size."""
+    maps = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            maps.append((start, end - start, fields[5] if len(fields) >= 6 else None))
+    out = []
+    for name, block in (("ram", ram), ("dimm", dimm)):
+        if block is None:
+            continue
+        path, size = block
+        found = [m for m in maps if m[1] == size and (
+            m[2] == str(path) if path is not None else m[2] is None)]
+        taken = {r.start for r in out}
+        found = [m for m in found if m[0] not in taken]
+        if not found:
+            raise VmmError(f"QEMU {pid}: no mapping of its {name} ({size >> 20} MiB)")
+        out.append(Region(name, found[0][0], size, path))
+    return out
+
+
+def changed_pages(pid: int, region: Region) -> np.ndarray:
+    """Indices of the region's pages that differ from its base: anonymous (or swapped) pages
+    of a file-backed region, present (or swapped) pages of an anonymous one."""
+    count = region.size // PAGE
+    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as f:
+        f.seek(region.start // PAGE * 8)
+        raw = f.read(count * 8)
+    entries = np.frombuffer(raw, dtype=np.uint64)
+    if len(entries) != count:
+        raise VmmError(f"QEMU {pid}: short page map ({len(entries)} of {count} pages)")
+    mask = (entries & (_PRESENT | _SWAPPED)) != 0
+    if region.base is not None:
+        mask &= (entries & _FILE) == 0
+    return np.flatnonzero(mask)
+
+
+def runs(pages: np.ndarray) -> np.ndarray:
+    """Sorted page indices as (first page, count) runs, shape (n, 2)."""
+    if len(pages) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(pages)]))
+    return np.stack([pages[starts], ends - starts], axis=1).astype(np.int64)
+
+
+class PageBuffer:
+    """Anonymous memory for page copies, mapped and faulted in before a pause (so the copy in
+    the pause only copies); grows if a copy needs more."""
+
+    def __init__(self, pages: int) -> None:
+        self._map: mmap.mmap | None = None
+        self.pages = 0
+        self._grow(pages)
+
+    def _grow(self, pages: int) -> None:
+        if pages <= self.pages:
+            return
+        if self._map is not None:
+            self._map.close()
+        self.pages = max(pages, 1)
+        self._map = mmap.mmap(-1, self.pages * PAGE)
+        try:
+            self._map.madvise(_MADV_POPULATE_WRITE)
+        except OSError:
+            self._map[::PAGE] = b"\0" * self.pages  # touch every page instead
+
+    @property
+    def address(self) -> int:
+        pointer = ctypes.c_char.from_buffer(self._map)
+        try:
+            return ctypes.addressof(pointer)
+        finally:
+            del pointer  # the buffer stays exported while the ctypes object lives
+
+    def view(self, pages: int) -> memoryview:
+        with memoryview(self._map) as whole:
+            return whole[: pages * PAGE]
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+@dataclass
+class Delta:
+    """Pages copied out of one region: `pages[i]` is at `data[i * PAGE:]`."""
+
+    region: Region
+    pages: np.ndarray
+    data: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.pages) * PAGE
+
+
+def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer: PageBuffer,
+               threads: int = 2) -> list[Delta]:
+    """Copy the given pages out of process `pid` (stopped) into `buffer`, in parallel."""
+    total = sum(len(p) for _, p in regions_pages)
+    buffer._grow(total)
+    base = buffer.address
+    iovecs = []  # (local, remote) iovec arrays of at most _IOV_MAX entries
+    deltas = []
+    offset = 0
+    for region, pages in regions_pages:
+        r = runs(pages)
+        local = np.empty((len(r), 2), dtype=np.uint64)
+        remote = np.empty((len(r), 2), dtype=np.uint64)
+        lengths = r[:, 1] * PAGE
+        local[:, 0] = base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        local[:, 1] = lengths
+        remote[:, 0] = region.start + r[:, 0] * PAGE
+        remote[:, 1] = lengths
+        for i in range(0, len(r), _IOV_MAX):
+            iovecs.append((local[i:i + _IOV_MAX], remote[i:i + _IOV_MAX]))
+        view = buffer.view(total)
+        deltas.append(Delta(region, pages, view[offset: offset + len(pages) * PAGE]))
+        view.release()
+        offset += len(pages) * PAGE
+
+    def copy(pair) -> int:
+        local, remote = pair
+        want = int(local[:, 1].sum())
+        got = _libc.process_vm_readv(pid, local.ctypes.data, len(local), remote.ctypes.data,
+                                     len(remote), 0)
+        if got != want:
+            err = ctypes.get_errno()
+            raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
+                           f"({os.strerror(err) if got < 0 else 'short read'})")
+        return got
+
+    if len(iovecs) <= 1 or threads <= 1:
+        for pair in iovecs:
+            copy(pair)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(copy, iovecs))
+    return deltas
+
+
+def copy_sparse(src: Path, dst: Path) -> None:
+    """Copy `src`'s data extents to a new sparse `dst` of the same size."""
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        size = os.fstat(fin.fileno()).st_size
+        fout.truncate(size)
+        buf = bytearray(COPY_BUFFER)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
+            except OSError:
+                break  # ENXIO: no data after offset
+            end = min(os.lseek(fin.fileno(), start, os.SEEK_HOLE), size)
+            pos = start
+            while pos < end:
+                n = os.preadv(fin.fileno(), [memoryview(buf)[: min(len(buf), end - pos)]], pos)
+                if n <= 0:
+                    raise VmmError(f"{src} changed while it was copied")
+                os.pwrite(fout.fileno(), memoryview(buf)[:n], pos)
+                pos += n
+            offset = end
+
+
+def write_image(delta: Delta, out: Path) -> None:
+    """`out`: the region's base file (or zeros) with the delta's pages written over it; zero
+    pages become holes, so tmpfs holds only data."""
+    if delta.region.base is not None:
+        copy_sparse(delta.region.base, out)
+    else:
+        with open(out, "wb") as f:
+            f.truncate(delta.region.size)
+    if not len(delta.pages):
+        return
+    words = np.frombuffer(delta.data, dtype=np.uint64).reshape(-1, PAGE // 8)
+    nonzero = words.any(axis=1)
+    fd = os.open(out, os.O_WRONLY)
+    try:
+        for kind, selected in ((True, nonzero), (False, ~nonzero)):
+            pages = delta.pages[selected]
+            slots = np.flatnonzero(selected)
+            for (first, count), slot in zip(runs(pages), _run_starts(slots, pages), strict=True):
+                if kind:
+                    os.pwrite(fd, delta.data[slot * PAGE: (slot + count) * PAGE], first * PAGE)
+                elif delta.region.base is not None:  # zero over old data: make it a hole
+                    _punch(fd, first * PAGE, count * PAGE)
+    finally:
+        os.close(fd)
+
+
+def _run_starts(slots: np.ndarray, pages: np.ndarray) -> np.ndarray:
+    """For each run of consecutive `pages`, the buffer slot of its first page. Pages of one
+    run are consecutive in the buffer too (they were copied in order)."""
+    if len(pages) == 0:
+        return np.zeros(0, dtype=np.int64)
+    breaks = np.flatnonzero((np.diff(pages) != 1) | (np.diff(slots) != 1)) + 1
+    return slots[np.concatenate(([0], breaks))]
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_FALLOC_FL_PUNCH_HOLE = 2
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length):
+        err = ctypes.get_errno()
+        raise VmmError(f"punching a hole: {os.strerror(err)}")
+
+
+def data_bytes(path: Path) -> int:
+    """How much of a sparse file holds data."""
+    total = 0
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(f.fileno(), offset, os.SEEK_DATA)
+            except OSError:
+                break
+            end = min(os.lseek(f.fileno(), start, os.SEEK_HOLE), size)
+            total += end - start
+            offset = end
+    return total
+
+
