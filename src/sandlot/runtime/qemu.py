@@ -277,6 +277,11 @@ class QemuRuntime(Runtime):
                                    "before the snapshot")
                 result = await vmm_snapshot.capture(vm.machine, vm.disks, self.cache.dir(key))
                 vm.save()
+            changed_mib = sum(len(p) for p in result.changed.values()) * 4096 / 2**20
+            log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
+                     "restore", key, vm.id, result.pause_ms,
+                     ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
+                     changed_mib)
             # The guest's clock stood still during the pause: bring it back to the host's.
             try:
                 await (await vm.guest()).sync_clock()

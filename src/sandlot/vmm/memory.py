@@ -169,8 +169,11 @@ def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer:
         local[:, 1] = lengths
         remote[:, 0] = region.start + r[:, 0] * PAGE
         remote[:, 1] = lengths
-        for i in range(0, len(r), _IOV_MAX):
-            iovecs.append((local[i:i + _IOV_MAX], remote[i:i + _IOV_MAX]))
+        # Batches of at most _IOV_MAX runs, and at least `threads` of them when there is
+        # enough to copy (the VM is stopped: its cores are free).
+        per = max(1, min(_IOV_MAX, -(-len(r) // threads) if len(pages) > 256 else _IOV_MAX))
+        for i in range(0, len(r), per):
+            iovecs.append((local[i:i + per], remote[i:i + per]))
         view = buffer.view(total)
         deltas.append(Delta(region, pages, view[offset: offset + len(pages) * PAGE]))
         view.release()

@@ -79,8 +79,10 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
         paused_at = time.monotonic()
         await machine.stop()
         try:
+            t = time.monotonic()
             await disks.stack_next(machine)
             stacked = True
+            phases["disk"] = (time.monotonic() - t) * 1000
             t = time.monotonic()
             changed = [(r, memory.changed_pages(machine.pid, r)) for r in regions]
             deltas = await asyncio.to_thread(memory.read_pages, machine.pid, changed, buffer)
@@ -90,9 +92,11 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
                                   {"filename": str(devstate), "live": False})
             phases["devices"] = (time.monotonic() - t) * 1000
         finally:
+            t = time.monotonic()
             with contextlib.suppress(VmmError):
                 await machine.ensure_running()
             resumed_at = time.monotonic()
+            phases["cont"] = (resumed_at - t) * 1000
         t = time.monotonic()
         out = {}
         for delta in deltas:

@@ -1,0 +1,199 @@
+"""Content-addressed chunks: files cut at fixed offsets, each chunk stored once.
+
+A chunk is zstd-compressed and stored under the SHA-256 of its uncompressed bytes
+(``chunks/ab/abcd...``), so identical chunks of any file of any image (a snapshot and its
+template, two snapshots of one sandbox) are kept once. All-zero chunks are not stored (holes).
+
+`put_file` reads only what may have changed: given the manifest of an earlier version of the
+file (`base`) and the byte ranges that may differ from it (`changed`), every other chunk is
+taken from the base without reading. Reads, hashing and compression run in threads (zstandard
+and hashlib release the GIL), a bounded number of chunks at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from sandlot.errors import NotFoundError, StorageError
+from sandlot.storage.manifest import FileManifest
+from sandlot.storage.objects import ObjectStore
+
+CHUNK_SIZE = 64 << 10  # the qcow2 cluster size, and a fine grain for RAM pages
+BATCH = 256  # chunks read and hashed per thread task (16 MiB at 64 KiB)
+PARALLEL = 16  # object store requests in flight
+
+
+def chunk_key(digest: str) -> str:
+    return f"chunks/{digest[:2]}/{digest}"
+
+
+@dataclass
+class PutResult:
+    manifest: FileManifest
+    added_bytes: int  # compressed bytes this file added to the store
+    new: set[str]  # digests it uploaded
+
+
+def _data_chunks(fd: int, size: int, chunk: int) -> np.ndarray:
+    """Indices of the chunks of a sparse file that overlap data (SEEK_DATA/SEEK_HOLE)."""
+    found: list[np.ndarray] = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:
+                break  # ENXIO: no data after offset
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            found.append(np.arange(start // chunk, (end - 1) // chunk + 1))
+            offset = end
+    except OSError:
+        return np.arange(-(-size // chunk))
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+def _overlapping(ranges: Iterable[tuple[int, int]], chunk: int) -> np.ndarray:
+    idx = [np.arange(off // chunk, (off + length - 1) // chunk + 1)
+           for off, length in ranges if length > 0]
+    return np.unique(np.concatenate(idx)) if idx else np.zeros(0, dtype=np.int64)
+
+
+def _read_hash(path: Path, indices: np.ndarray, chunk: int) -> list[tuple[int, str | None]]:
+    """(index, sha256 hex or None for an all-zero chunk) of each chunk."""
+    out = []
+    with open(path, "rb", buffering=0) as f:
+        for i in indices:
+            data = os.pread(f.fileno(), chunk, int(i) * chunk)
+            if not data.strip(b"\0"):
+                out.append((int(i), None))
+            else:
+                out.append((int(i), hashlib.sha256(data).hexdigest()))
+    return out
+
+
+def _read_compress(path: Path, index: int, chunk: int, level: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        data = os.pread(f.fileno(), chunk, index * chunk)
+    return zstandard.ZstdCompressor(level=level).compress(data)
+
+
+class ChunkStore:
+    def __init__(self, objects: ObjectStore, level: int = 3, parallel: int = PARALLEL) -> None:
+        self.objects = objects
+        self.level = level
+        self._slots = asyncio.Semaphore(parallel)
+
+    async def hash_file(self, path: Path, base: FileManifest | None = None,
+                        changed: Iterable[tuple[int, int]] | None = None,
+                        chunk_size: int = CHUNK_SIZE) -> FileManifest:
+        """The file's manifest; with `base` and `changed`, chunks outside `changed` are the
+        base's (not read)."""
+        size = path.stat().st_size
+        reuse = base is not None and changed is not None and base.chunk_size == chunk_size \
+            and base.size == size
+        if reuse:
+            todo = _overlapping(changed, chunk_size)
+            chunks = {i: d for i, d in base.chunks.items() if i not in set(todo.tolist())}
+        else:
+            with open(path, "rb") as f:
+                todo = _data_chunks(f.fileno(), size, chunk_size)
+            chunks = {}
+        todo = todo[todo * chunk_size < size]
+        batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
+        for result in await asyncio.gather(*(asyncio.to_thread(_read_hash, path, b, chunk_size)
+                                             for b in batches)):
+            for index, digest in result:
+                if digest is None:
+                    chunks.pop(index, None)
+                else:
+                    chunks[index] = digest
+        return FileManifest(size=size, chunk_size=chunk_size, chunks=chunks)
+
+    async def upload(self, path: Path, manifest: FileManifest, present: set[str],
+                     force: set[str] = frozenset()) -> PutResult:
+        """Put the file's chunks that the store lacks. `present`: digests known to be there
+        (skipped without asking); `force`: put even if there (GC is about to take them); the
+        rest are looked up, and put if missing."""
+        first: dict[str, int] = {}
+        for index, digest in manifest.chunks.items():
+            if digest not in present:
+                first.setdefault(digest, index)
+        added = 0
+        new: set[str] = set()
+
+        async def one(digest: str, index: int) -> None:
+            nonlocal added
+            async with self._slots:
+                if digest not in force and await self.objects.head(chunk_key(digest)):
+                    return
+                data = await asyncio.to_thread(_read_compress, path, index,
+                                               manifest.chunk_size, self.level)
+                await self.objects.put(chunk_key(digest), data)
+                added += len(data)
+                new.add(digest)
+
+        await asyncio.gather(*(one(d, i) for d, i in first.items()))
+        return PutResult(manifest=manifest, added_bytes=added, new=new)
+
+    async def fetch_file(self, manifest: FileManifest, target: Path, what: str,
+                         base_path: Path | None = None,
+                         base: FileManifest | None = None) -> None:
+        """Write the file to `target` (sparse), verifying every chunk. With a local copy of an
+        earlier version (`base_path`, whose manifest is `base`), only the chunks that differ
+        are fetched. Nothing is left at `target` on failure."""
+        tmp = target.with_name(target.name + ".fetching")
+        size, chunk = manifest.size, manifest.chunk_size
+        use_base = base is not None and base_path is not None and base.chunk_size == chunk \
+            and base.size == size and base_path.exists()
+        try:
+            if use_base:
+                from sandlot.vmm.memory import copy_sparse
+
+                await asyncio.to_thread(copy_sparse, base_path, tmp)
+                wanted = {i: d for i, d in manifest.chunks.items() if base.chunks.get(i) != d}
+                zeroed = [i for i in base.chunks if i not in manifest.chunks]
+            else:
+                with open(tmp, "wb") as f:
+                    f.truncate(size)
+                wanted, zeroed = dict(manifest.chunks), []
+            fd = os.open(tmp, os.O_WRONLY)
+            try:
+                for i in zeroed:
+                    os.pwrite(fd, bytes(min(chunk, size - i * chunk)), i * chunk)
+
+                async def one(index: int, digest: str) -> None:
+                    async with self._slots:
+                        try:
+                            packed = await self.objects.get(chunk_key(digest))
+                        except NotFoundError:
+                            raise StorageError(f"{what}: chunk {digest[:16]}... is missing from "
+                                               f"the store") from None
+                        data = await asyncio.to_thread(_unpack, packed, digest, chunk, what)
+                        await asyncio.to_thread(os.pwrite, fd, data, index * chunk)
+
+                await asyncio.gather(*(one(i, d) for i, d in wanted.items()))
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            tmp.replace(target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _unpack(packed: bytes, digest: str, chunk: int, what: str) -> bytes:
+    try:
+        data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=chunk)
+    except zstandard.ZstdError as e:
+        raise StorageError(f"{what}: chunk {digest[:16]}... is corrupt ({e})") from e
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise StorageError(f"{what}: chunk {digest[:16]}... is corrupt (checksum mismatch)")
+    return data

@@ -1,0 +1,146 @@
+"""Images in an object store: chunks (storage/chunks.py), a manifest per image, and the
+records that keep garbage collection from taking what an upload is about to use.
+
+Layout (keys under the store's URL)::
+
+    chunks/ab/<sha256>          a zstd-compressed chunk
+    manifests/<key>.json        an image: present iff complete
+    pending/<key>.<nonce>.json  digests an upload in progress references
+    tombstones/<sha256>         a chunk GC found unreferenced (storage/gc.py)
+    index/templates/<name>.json a template name -> build, so any server finds it
+
+An upload (`put`): hash the files (only what may have changed, against a base image), write
+the pending record, put the chunks the store lacks (a tombstoned chunk counts as lacking: it is
+put again and its tombstone dropped), write the manifest last, drop the pending record. A
+crash at any point leaves no manifest, so never a half-stored image; GC takes the chunks of
+an abandoned upload once its pending record is stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandlot.errors import NotFoundError, StorageError
+from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore
+from sandlot.storage.manifest import FileManifest, Manifest
+from sandlot.storage.objects import ObjectStore
+
+MANIFESTS = "manifests/"
+PENDING = "pending/"
+TOMBSTONES = "tombstones/"
+TEMPLATES = "index/templates/"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file to store: with `changed` (byte ranges), everything else equals the base's."""
+
+    path: Path
+    changed: list[tuple[int, int]] | None = None
+
+
+def manifest_key(key: str) -> str:
+    if not key or "/" in key or key.startswith("."):
+        raise StorageError(f"bad image key {key!r}")
+    return f"{MANIFESTS}{key}.json"
+
+
+class Store:
+    def __init__(self, objects: ObjectStore, chunk_size: int = CHUNK_SIZE) -> None:
+        self.objects = objects
+        self.chunks = ChunkStore(objects)
+        self.chunk_size = chunk_size
+
+    @property
+    def url(self) -> str:
+        return self.objects.url
+
+    async def put(self, key: str, kind: str, files: dict[str, Source], machine: dict,
+                  meta: dict, base: Manifest | None = None) -> tuple[Manifest, int]:
+        """Store an image; (its manifest, the compressed bytes it added to the store)."""
+        fms: dict[str, FileManifest] = {}
+        for name, src in files.items():
+            fms[name] = await self.chunks.hash_file(
+                src.path, base.files.get(name) if base else None,
+                src.changed if base else None, self.chunk_size)
+        manifest = Manifest(key=key, kind=kind, files=fms, machine=machine, meta=meta)
+        pending = f"{PENDING}{key}.{secrets.token_hex(4)}.json"
+        await self.objects.put(pending, json.dumps(
+            {"key": key, "at": time.time(), "digests": sorted(manifest.digests)}).encode())
+        try:
+            present: set[str] = set()
+            if base is not None and await self.objects.exists(manifest_key(base.key)):
+                present = base.digests  # referenced by a live manifest, and by our record now
+            tombstoned = {o.key.rsplit("/", 1)[1]
+                          for o in await self.objects.list(TOMBSTONES)}
+            added = 0
+            for name, src in files.items():
+                result = await self.chunks.upload(src.path, fms[name], present - tombstoned,
+                                                  force=tombstoned)
+                added += result.added_bytes
+            for digest in tombstoned & manifest.digests:
+                await self.objects.delete(TOMBSTONES + digest)
+            await self.objects.put(manifest_key(key), manifest.dumps())
+        finally:
+            await self.objects.delete(pending)
+        return manifest, added
+
+    async def manifest(self, key: str) -> Manifest:
+        try:
+            raw = await self.objects.get(manifest_key(key))
+        except NotFoundError:
+            raise NotFoundError(f"image {key} is not in the store ({self.url})") from None
+        return Manifest.loads(raw, key)
+
+    async def exists(self, key: str) -> bool:
+        return await self.objects.exists(manifest_key(key))
+
+    async def fetch(self, key: str, targets: dict[str, Path],
+                    bases: dict[str, tuple[Path, FileManifest]] | None = None,
+                    manifest: Manifest | None = None) -> Manifest:
+        """Write the image's files to `targets`, verifying every chunk; with `bases` (a local
+        copy of an earlier version of a file, and its manifest) only what differs is fetched."""
+        manifest = manifest or await self.manifest(key)
+        missing = set(targets) - set(manifest.files)
+        if missing:
+            raise StorageError(f"image {key} has no {', '.join(sorted(missing))}")
+        bases = bases or {}
+
+        async def one(name: str) -> None:
+            base_path, base = bases.get(name, (None, None))
+            await self.chunks.fetch_file(manifest.files[name], targets[name],
+                                         f"image {key}, {name}", base_path, base)
+
+        await asyncio.gather(*(one(n) for n in targets))
+        return manifest
+
+    async def delete(self, key: str) -> None:
+        """The image is gone; its chunks go with the next GC that finds them unreferenced."""
+        await self.objects.delete(manifest_key(key))
+
+    async def keys(self) -> list[str]:
+        return sorted(o.key[len(MANIFESTS):-len(".json")]
+                      for o in await self.objects.list(MANIFESTS) if o.key.endswith(".json"))
+
+    # ---- template index -----------------------------------------------------------------
+
+    async def put_template(self, name: str, info: dict) -> None:
+        await self.objects.put(f"{TEMPLATES}{name}.json", json.dumps(info).encode())
+
+    async def get_template(self, name: str) -> dict:
+        try:
+            return json.loads(await self.objects.get(f"{TEMPLATES}{name}.json"))
+        except NotFoundError:
+            raise NotFoundError(f"template {name!r} is not in the store") from None
+
+    async def templates(self) -> list[dict]:
+        return [json.loads(await self.objects.get(o.key))
+                for o in await self.objects.list(TEMPLATES) if o.key.endswith(".json")]
+
+    async def remove_template(self, name: str) -> None:
+        await self.objects.delete(f"{TEMPLATES}{name}.json")
