@@ -202,11 +202,14 @@ class S3ObjectStore(ObjectStore):
     async def list(self, prefix: str) -> list[ObjectInfo]:
         import obstore
 
+        # S3 lists by path segments: list the prefix's directory, keep what matches.
+        directory = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+
         async def collect() -> list[ObjectInfo]:
             out = []
-            async for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
+            async for batch in obstore.list(self._store, directory or None, chunk_size=1000):
                 out += [ObjectInfo(m["path"], int(m["size"]), m["last_modified"].timestamp())
-                        for m in batch]
+                        for m in batch if m["path"].startswith(prefix)]
             return out
 
         return await self._call(f"listing {prefix or '/'}", collect)

@@ -122,6 +122,13 @@ class Store:
     async def delete(self, key: str) -> None:
         """The image is gone; its chunks go with the next GC that finds them unreferenced."""
         await self.objects.delete(manifest_key(key))
+        await self.abandon(key)
+
+    async def abandon(self, key: str) -> None:
+        """Drop the records of an upload of `key` that will never finish (its process died),
+        so GC may take its chunks."""
+        for obj in await self.objects.list(f"{PENDING}{key}."):
+            await self.objects.delete(obj.key)
 
     async def keys(self) -> list[str]:
         return sorted(o.key[len(MANIFESTS):-len(".json")]
