@@ -1,10 +1,13 @@
 """Where sandlot keeps things, and the knobs the server runs with.
 
-Environment: SANDLOT_DATA_DIR (metadata, disks, snapshot store; default /var/lib/sandlot),
-SANDLOT_IMAGES_DIR (templates; default <data>/images), SANDLOT_STORE_DIR (snapshot blobs;
-default <data>/store), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so
-several servers can share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and
-SANDLOT_POOL_TEMPLATES (the warm pool, core/pool.py).
+Environment: SANDLOT_DATA_DIR (metadata, disks; default /var/lib/sandlot), SANDLOT_IMAGES_DIR
+(template builds; default <data>/images), SANDLOT_STORE (where snapshots and templates are
+stored: ``s3://BUCKET/PREFIX``, with the standard AWS_* variables, or a directory; default
+<data>/store), SANDLOT_CACHE_MB (the local tmpfs cache of image files; default a quarter of
+RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several servers can
+share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
+pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
+takes it; default 3600).
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("SANDLOT_DATA_DIR") or DEFAULT_DATA_DIR)
 
 
+def _mem_total_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return 4096
+
+
 def _int_env(name: str, default: int) -> int:
     try:
         return max(0, int(os.environ.get(name, default)))
@@ -35,15 +46,18 @@ class Settings:
 
     data_dir: Path = field(default_factory=default_data_dir)
     images_dir: Path | None = None
-    store_path: Path | None = None  # snapshot blob store; default <data_dir>/store
+    store: str | None = None  # s3://BUCKET/PREFIX or a directory; default <data_dir>/store
     run_root: Path = Path("/run/sandlot")
     shm_root: Path = Path("/dev/shm/sandlot")
     accel: str = field(default_factory=detect_accel)
     default_timeout: int = 300
     max_timeout: int = 24 * 3600
     reap_interval: float = 1.0
-    pool_size: int = 2  # warm pool: sandboxes kept restored per template (core/pool.py); 0: off
+    pool_size: int = 2  # warm pool: VMs kept restored per template (runtime/pool.py); 0: off
     pool_templates: tuple[str, ...] = ("base",)
+    cache_mb: int = field(default_factory=lambda: _mem_total_mb() // 4)
+    gc_grace: float = 3600.0
+    gc_interval: float = 600.0
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -52,12 +66,14 @@ class Settings:
         tag = os.environ.get("SANDLOT_INSTANCE", "")
         run_root = Path("/run/sandlot" + (f"-{tag}" if tag else ""))
         shm_root = Path("/dev/shm/sandlot" + (f"-{tag}" if tag else ""))
-        store = os.environ.get("SANDLOT_STORE_DIR")
+        store = os.environ.get("SANDLOT_STORE") or os.environ.get("SANDLOT_STORE_DIR")
         pool = os.environ.get("SANDLOT_POOL_TEMPLATES", "base")
         return cls(data_dir=data, images_dir=Path(images) if images else None,
-                   store_path=Path(store) if store else None, run_root=run_root,
+                   store=store or None, run_root=run_root,
                    shm_root=shm_root, pool_size=_int_env("SANDLOT_POOL_SIZE", 2),
-                   pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()))
+                   pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()),
+                   cache_mb=_int_env("SANDLOT_CACHE_MB", _mem_total_mb() // 4),
+                   gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)))
 
     @property
     def images(self) -> Path:
@@ -68,8 +84,8 @@ class Settings:
         return self.data_dir / "sandlot.db"
 
     @property
-    def store_dir(self) -> Path:
-        return self.store_path or (self.data_dir / "store")
+    def store_url(self) -> str:
+        return self.store or str(self.data_dir / "store")
 
     @property
     def disks_dir(self) -> Path:
@@ -81,6 +97,5 @@ class Settings:
         return self.shm_root / "hot"
 
     def ensure(self) -> None:
-        for d in (self.data_dir, self.images, self.store_dir, self.disks_dir, self.run_root,
-                  self.hot_dir):
+        for d in (self.data_dir, self.images, self.disks_dir, self.run_root, self.hot_dir):
             d.mkdir(parents=True, exist_ok=True)

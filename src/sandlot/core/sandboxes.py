@@ -121,10 +121,10 @@ class SandboxManager:
 
     # ---- create / restore -----------------------------------------------------------------
 
-    def resolve_source(self, req: CreateSandbox) -> Source:
+    async def resolve_source(self, req: CreateSandbox) -> Source:
         if req.snapshot_id:
             return self.snapshots.source(req.snapshot_id)
-        source = self.templates.source(req.template or "base")
+        source = await self.templates.source(req.template or "base")
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source
@@ -133,7 +133,7 @@ class SandboxManager:
         """A new sandbox from a template or a snapshot (a restore either way, never a boot)."""
         if req.template and req.snapshot_id:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
-        source = self.resolve_source(req)
+        source = await self.resolve_source(req)
         rec = self._new_record(source, req)
         vm = await self.runtime.claim(source.image, plan_of(rec))
         if vm is not None:  # a pooled VM, already given the record's identity

@@ -19,7 +19,7 @@ from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.store import MetadataStore
-from sandlot.core.templates import TemplateStore
+from sandlot.core.templates import TemplateStore, image_of
 from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 
@@ -34,31 +34,34 @@ class Core:
         self.runtime = runtime
         settings.ensure()
         self.db = MetadataStore(settings.db_path)
-        self.templates = TemplateStore(settings)
+        self.templates = TemplateStore(settings, runtime)
         self.snapshots = SnapshotManager(self.db, runtime)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
                                         self.snapshots)
         self.commands = Commands(self.sandboxes.get_live)
         self.files = Files(self.sandboxes.get_live)
         self._reaper: asyncio.Task | None = None
+        self._background: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self.recover()
         warm = {}
         for name in self.settings.pool_templates if self.settings.pool_size else ():
             try:
-                warm[name] = self.templates.source(name).image
+                warm[name] = (await self.templates.source(name)).image
             except SandlotError as e:
                 log.warning("warm pool: template %r: %s", name, e.message)
         self.runtime.keep_warm(warm)
+        self._background = [asyncio.create_task(self._import_templates())]
         await self.runtime.start()
         self._reaper = asyncio.create_task(self._reap_loop())
 
     async def stop(self, kill_sandboxes: bool = False) -> None:
-        if self._reaper:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in [self._reaper, *self._background]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, SandlotError):
+                    await task
         await self.snapshots.close()
         lives = list(self.sandboxes.live.values())
         await self.runtime.close([lv.vm for lv in lives], kill=kill_sandboxes)
@@ -70,6 +73,17 @@ class Core:
                                     to_doc(live.record))
         self.sandboxes.live.clear()
         self.db.close()
+
+    async def _import_templates(self) -> None:
+        """Give the store the templates this host built that it lacks (a new store): their
+        chunks are what snapshots of their sandboxes are stored against."""
+        for info in self.templates.list():
+            try:
+                if await self.runtime.import_template(image_of(info), info.model_dump(
+                        mode="json")):
+                    log.info("stored template %s (%s)", info.name, info.hash)
+            except SandlotError as e:
+                log.warning("template %s not stored: %s", info.name, e.message)
 
     async def _reap_loop(self) -> None:
         while True:

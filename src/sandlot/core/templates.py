@@ -35,8 +35,12 @@ from sandlot.vmm.qemu import qemu_info
 
 
 class TemplateStore:
-    def __init__(self, settings: Settings) -> None:
+    """Template names -> builds: this host's index (the builds it made or fetched), and the
+    store's, for templates another host built. Pass the runtime to reach the store."""
+
+    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
         self.settings = settings
+        self.runtime = runtime
         self.root = settings.images
         self.builds = self.root / "builds"
         self.index = self.root / "templates"
@@ -61,16 +65,39 @@ class TemplateStore:
         self.get(name)
         (self.index / f"{name}.json").unlink()
 
-    def source(self, name: str) -> Source:
-        info = self.get(name)
+    async def info(self, name: str) -> TemplateInfo:
+        """A template by name: this host's, else the store's (then remembered here)."""
         try:
-            machine = MachineDescription.from_dict(info.machine)
-        except InvalidStateError:
-            raise InvalidStateError(f"template {name!r} was built by an older sandlot; rebuild "
-                                    f"it: `sandlot template build {name}`") from None
-        image = Image(key=f"tpl-{info.hash}", build=info.hash, machine=machine)
-        return Source(image=image, env=dict(info.env), template=info.name,
+            return self.get(name)
+        except NotFoundError:
+            if self.runtime is None:
+                raise
+        try:
+            info = TemplateInfo.model_validate(await self.runtime.template_info(name))
+        except NotFoundError:
+            raise NotFoundError(f"template {name!r} not found here or in the store; build it "
+                                f"with `sandlot template build {name}`") from None
+        self.index.mkdir(parents=True, exist_ok=True)
+        tmp = self.index / f"{name}.json.tmp"
+        tmp.write_text(info.model_dump_json(indent=2))
+        tmp.replace(self.index / f"{name}.json")
+        return info
+
+    async def source(self, name: str) -> Source:
+        info = await self.info(name)
+        return Source(image=image_of(info), env=dict(info.env), template=info.name,
                       workdir=info.workdir)
+
+
+def image_of(info: TemplateInfo) -> Image:
+    """The boot image of a template build (InvalidStateError if it does not say what
+    machine it is: an older sandlot built it)."""
+    try:
+        machine = MachineDescription.from_dict(info.machine)
+    except InvalidStateError:
+        raise InvalidStateError(f"template {info.name!r} was built by an older sandlot; "
+                                f"rebuild it: `sandlot template build {info.name}`") from None
+    return Image(key=f"tpl-{info.hash}", build=info.hash, machine=machine)
 
 
 def resolve_spec(spec_or_name: str) -> TemplateSpec:
@@ -118,7 +145,7 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
         digest = _content_hash(spec) + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
         build = store.builds / digest
         done = build / "template.json"
-        if done.exists() and not force:
+        if done.exists() and (build / "image").is_dir() and not force:
             info = TemplateInfo.model_validate_json(done.read_text())
             info.name = spec.name
             progress.update(step, description=f"template {spec.name}: up to date ({digest})")
@@ -134,7 +161,7 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
                 build_rootfs(spec, build / "rootfs.ext4", kernel)
                 progress.update(step, description=f"template {spec.name}: boot and snapshot")
                 plan = MachinePlan(cpus=spec.cpus, memory_mb=spec.memory_mb, env=dict(spec.env))
-                image, _, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))
+                image, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))
             except BaseException:
                 shutil.rmtree(build, ignore_errors=True)
                 raise
@@ -147,6 +174,8 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
             done.write_text(info.model_dump_json(indent=2))
             progress.update(step, description=f"template {spec.name}: built ({digest}, "
                             f"boot {boot_ms / 1000:.1f}s)")
+        asyncio.run(runtime(settings).publish_template(image_of(info),
+                                                       info.model_dump(mode="json")))
         store.index.mkdir(parents=True, exist_ok=True)
         tmp = store.index / f"{spec.name}.json.tmp"
         tmp.write_text(info.model_dump_json(indent=2))

@@ -177,9 +177,21 @@ class Runtime(abc.ABC):
         """Delete a stored image; its local files go once no VM maps them."""
 
     @abc.abstractmethod
-    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
-        """Cold-boot template build `build` once, let it settle, capture and store its boot
-        image (key ``tpl-<build>``). Returns the image, its sizes and the boot time (ms)."""
+    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, float]:
+        """Cold-boot template build `build` once, let it settle and capture its boot image
+        (key ``tpl-<build>``), kept with the build. Returns the image and the boot time, ms."""
+
+    @abc.abstractmethod
+    async def publish_template(self, image: Image, info: dict) -> Stored:
+        """Store a template (its boot image and build) under its name, for every server."""
+
+    @abc.abstractmethod
+    async def import_template(self, image: Image, info: dict) -> bool:
+        """Store a template built on this host if the store lacks it; True if it did."""
+
+    @abc.abstractmethod
+    async def template_info(self, name: str) -> dict:
+        """A template's record as stored (NotFoundError if the store has no such name)."""
 
     @abc.abstractmethod
     async def kill(self, vm: Vm) -> None:

@@ -394,6 +394,7 @@ class FakeRuntime(Runtime):
         self.images: dict[str, GuestState] = {}
         self.vms: dict[str, FakeVm] = {}
         self.captures: dict[str, tuple[Image, GuestState]] = {}
+        self.templates: dict[str, dict] = {}  # the store's template index
         self.fail_restores = 0
         self.persist_delay = 0.0
         self.fail_persist: str | None = None
@@ -433,11 +434,26 @@ class FakeRuntime(Runtime):
         self.vms[vm_id] = vm
         return vm
 
-    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
+    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, float]:
         image = Image(key=f"tpl-{build}", build=build,
                       machine=self.describe(plan.memory_mb, plan.cpus))
         self.images[image.key] = GuestState(env=dict(plan.env))
-        return image, Stored(size_bytes=1 << 20, stored_bytes=1 << 19), 1.0
+        return image, 1.0
+
+    async def publish_template(self, image: Image, info: dict) -> Stored:
+        self.templates[str(info["name"])] = info
+        return Stored(size_bytes=1 << 20, stored_bytes=1 << 19)
+
+    async def import_template(self, image: Image, info: dict) -> bool:
+        if str(info["name"]) in self.templates:
+            return False
+        self.templates[str(info["name"])] = info
+        return True
+
+    async def template_info(self, name: str) -> dict:
+        if name not in self.templates:
+            raise NotFoundError(f"template {name!r} is not in the store")
+        return self.templates[name]
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
         assert isinstance(vm, FakeVm)

@@ -1,58 +1,163 @@
-"""Where images are stored: compressed and checksummed, each with a manifest that describes it.
+"""Where images live: the store (storage.Store: chunks and manifests, a directory or S3) and
+what a host keeps of template builds.
 
-A template build's boot image lives with the build (``<images>/builds/<build>/store``); a
-snapshot's in the data dir's store. Each manifest's meta holds the versioned machine
-description (vmm/description.py), so a stored image describes itself.
+A snapshot is stored against what it came from: its RAM file's chunks outside the pages the VM
+changed are its source image's (not read again), and chunks the source or the sandbox's
+previous snapshot already has are not looked up. A template is stored whole: its boot image
+and its build's kernel, initramfs and root filesystem, plus an index entry (name -> build), so
+a server that never built it can restore it.
+
+Locally, a build keeps its boot image uncompressed (``builds/<hash>/image``), so this host
+fills its hot cache from there without the store; a store that lacks the template (a new
+store, a test's) is given it by `import_template`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 from sandlot.config import Settings
+from sandlot.errors import NotFoundError
 from sandlot.runtime.base import Image, Stored
-from sandlot.storage.blobs import BlobStore
+from sandlot.storage.manifest import Manifest
+from sandlot.storage.objects import open_store
+from sandlot.storage.store import Source, Store
 from sandlot.vmm.description import MachineDescription
+from sandlot.vmm.memory import copy_sparse
 
-TEMPLATE_BLOB = "snapshot"
+BUILD_FILES = {"vmlinuz": "vmlinuz", "initramfs": "initramfs.gz", "rootfs": "rootfs.ext4"}
+IMAGE_FILES = {"ram": "ram", "devstate": "devstate", "disk": "disk.qcow2", "dimm": "ram.dimm"}
+LOCAL_IMAGE = "image"
+MANIFEST_CACHE = 64
 
 
 class ImageStore:
     def __init__(self, settings: Settings) -> None:
+        self.store = Store(open_store(settings.store_url))
         self.builds = settings.images / "builds"
-        self.snapshots = BlobStore(settings.store_dir)
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._build_locks: dict[str, asyncio.Lock] = {}
 
     def build_dir(self, build: str) -> Path:
         return self.builds / build
 
-    def _where(self, key: str) -> tuple[BlobStore, str]:
-        if key.startswith("tpl-"):
-            return BlobStore(self.build_dir(key[4:]) / "store"), TEMPLATE_BLOB
-        return self.snapshots, key
+    def local_image(self, build: str) -> Path:
+        """A build's boot image, uncompressed, as the build left it."""
+        return self.build_dir(build) / LOCAL_IMAGE
 
-    async def put(self, key: str, files: dict[str, Path], machine: MachineDescription,
-                  meta: dict) -> Stored:
-        store, blob = self._where(key)
-        manifest = await asyncio.to_thread(store.put, blob, files,
-                                           {**meta, "machine": machine.to_dict()})
-        return Stored(size_bytes=manifest.size_bytes, stored_bytes=manifest.stored_bytes)
+    async def manifest(self, key: str) -> Manifest:
+        manifest = self._manifests.get(key)
+        if manifest is None:
+            manifest = await self.store.manifest(key)
+            self._manifests[key] = manifest
+            while len(self._manifests) > MANIFEST_CACHE:
+                self._manifests.popitem(last=False)
+        self._manifests.move_to_end(key)
+        return manifest
 
-    async def fetch(self, key: str, targets: dict[str, Path]) -> None:
-        store, blob = self._where(key)
-        await asyncio.to_thread(store.hydrate, blob, targets)
+    async def _first(self, keys: list[str]) -> list[Manifest]:
+        out = []
+        for key in keys:
+            try:
+                out.append(await self.manifest(key))
+            except NotFoundError:
+                continue
+        return out
+
+    async def put(self, image: Image, files: dict[str, Path],
+                  changed: dict[str, list[tuple[int, int]]], meta: dict,
+                  related: list[str]) -> Stored:
+        """Store a captured image. `related`: images it came from, nearest first (its
+        source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
+        may differ from the first of them."""
+        known = await self._first(related)
+        base = known[0] if known and image.key != known[0].key else None
+        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None)
+                   for n, p in files.items()}
+        manifest, added = await self.store.put(
+            image.key, "template" if image.is_template else "snapshot", sources,
+            image.machine.to_dict(), {**meta, "build": image.build}, base=base,
+            known=known[1:])
+        self._manifests[image.key] = manifest
+        return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
+
+    async def fetch(self, image: Image, targets: dict[str, Path]) -> None:
+        """An image's files into `targets`: a template's from its local build when this host
+        has it, else from the store, every chunk verified."""
+        local = self.local_image(image.build)
+        if image.is_template and all((local / IMAGE_FILES[n]).exists() for n in targets):
+            for name, target in targets.items():
+                await asyncio.to_thread(copy_sparse, local / IMAGE_FILES[name], target)
+            return
+        await self.store.fetch(image.key, targets, manifest=await self.manifest(image.key))
 
     async def delete(self, key: str) -> None:
-        store, blob = self._where(key)
-        await asyncio.to_thread(store.delete, blob)
+        self._manifests.pop(key, None)
+        await self.store.delete(key)
 
-    def exists(self, key: str) -> bool:
-        store, blob = self._where(key)
-        return store.exists(blob)
+    async def image(self, key: str) -> Image:
+        """An image as its manifest describes it (for a host that never saw it)."""
+        manifest = await self.manifest(key)
+        return Image(key=key, build=str(manifest.meta.get("build", "")),
+                     machine=MachineDescription.from_dict(manifest.machine))
 
-    def image(self, key: str, build: str) -> Image:
-        """The image `key` as its manifest describes it."""
-        store, blob = self._where(key)
-        meta = store.manifest(blob).meta
-        return Image(key=key, build=build, machine=MachineDescription.from_dict(
-            meta.get("machine")))
+    # ---- templates ------------------------------------------------------------------------
+
+    async def publish_template(self, image: Image, info: dict) -> Stored:
+        """Store a template build whole (boot image and build files), unless the store has
+        it, and point its name at it."""
+        if await self.store.exists(image.key):
+            stored = Stored(size_bytes=(await self.manifest(image.key)).size_bytes,
+                            stored_bytes=0)
+        else:
+            local, build = self.local_image(image.build), self.build_dir(image.build)
+            files = {n: local / f for n, f in IMAGE_FILES.items() if (local / f).exists()}
+            files |= {n: build / f for n, f in BUILD_FILES.items()}
+            stored = await self._put_whole(image, files, {"template": info.get("name")})
+        await self.store.put_template(str(info["name"]), info)
+        return stored
+
+    async def _put_whole(self, image: Image, files: dict[str, Path], meta: dict) -> Stored:
+        manifest, added = await self.store.put(
+            image.key, "template", {n: Source(p) for n, p in files.items()},
+            image.machine.to_dict(), {**meta, "build": image.build})
+        return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
+
+    async def import_template(self, image: Image, info: dict) -> bool:
+        """Give the store a template this host has built, if it lacks it. True if it did."""
+        if await self.store.exists(image.key):
+            return False
+        if not all((self.build_dir(image.build) / f).exists() for f in BUILD_FILES.values()):
+            return False
+        await self.publish_template(image, info)
+        return True
+
+    async def ensure_build(self, build: str) -> Path:
+        """The build's kernel, initramfs and root filesystem on this host, fetched from the
+        store if this host never had them."""
+        d = self.build_dir(build)
+        if all((d / f).exists() for f in BUILD_FILES.values()):
+            return d
+        lock = self._build_locks.setdefault(build, asyncio.Lock())
+        async with lock:
+            if all((d / f).exists() for f in BUILD_FILES.values()):
+                return d
+            tmp = d.with_name(d.name + ".fetching")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            try:
+                await self.store.fetch(f"tpl-{build}",
+                                       {n: tmp / f for n, f in BUILD_FILES.items()},
+                                       manifest=await self.manifest(f"tpl-{build}"))
+                d.mkdir(parents=True, exist_ok=True)
+                for f in BUILD_FILES.values():
+                    (tmp / f).replace(d / f)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return d
+
+    async def template_info(self, name: str) -> dict:
+        return await self.store.get_template(name)

@@ -23,7 +23,7 @@ import secrets
 import shutil
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandlot.config import Settings
@@ -43,15 +43,16 @@ from sandlot.runtime.base import (
     Vm,
 )
 from sandlot.runtime.cache import HotCache, Lease
-from sandlot.runtime.images import ImageStore
+from sandlot.runtime.images import IMAGE_FILES, ImageStore
 from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
 from sandlot.runtime.qemu_vm import QemuVm, load_state
-from sandlot.vmm import hotplug
+from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.disk import DiskChain
 from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
+from sandlot.vmm.memory import PAGE
 from sandlot.vmm.network import NetworkPolicy
 from sandlot.vmm.processes import qemu_alive, qemus_under
 from sandlot.vmm.qemu import QemuInfo, qemu_info
@@ -61,6 +62,19 @@ log = logging.getLogger(__name__)
 PARALLEL_RESTORES = 8
 POOL_WARM_UP = "true"  # a pooled VM's first command, so a user's first one finds it warm
 BOOT_TIMEOUT = 180.0
+
+
+@dataclass
+class _Capture:
+    """A captured image's files (held), what it came from, and what changed since."""
+
+    lease: Lease
+    related: list[str]
+    changed: dict[str, list[tuple[int, int]]]
+
+
+def _byte_ranges(pages) -> list[tuple[int, int]]:
+    return [(int(first) * PAGE, int(count) * PAGE) for first, count in memory.runs(pages)]
 
 
 def describe(spec: MachineSpec, cpus: int) -> MachineDescription:
@@ -78,7 +92,7 @@ class QemuRuntime(Runtime):
         self.cache = HotCache(settings.hot_dir)
         self.store = ImageStore(settings)
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
-        self._captures: dict[str, Lease] = {}
+        self._captures: dict[str, _Capture] = {}
         self._tasks: set[asyncio.Task] = set()
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
@@ -128,13 +142,13 @@ class QemuRuntime(Runtime):
 
     async def _hot(self, image: Image) -> Lease:
         return await self.cache.acquire(image.key, bool(image.machine.dimm_mb),
-                                        lambda paths: self.store.fetch(image.key, paths))
+                                        lambda paths: self.store.fetch(image, paths))
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
         self.check_loadable(image.machine)
         self.check_plan(image, plan)
         run_dir = self.settings.run_root / vm_id
-        build = self.store.build_dir(image.build)
+        build = await self.store.ensure_build(image.build)
         lease: Lease | None = None
         machine: Machine | None = None
         net = None
@@ -212,7 +226,7 @@ class QemuRuntime(Runtime):
     async def cold_boot(self, build: str, plan: MachinePlan, vm_id: str) -> QemuVm:
         """Boot a template build from scratch (slow under TCG: the baseline restores beat),
         its agent connected and configured."""
-        build_dir = self.store.build_dir(build)
+        build_dir = await self.store.ensure_build(build)
         rootfs = build_dir / "rootfs.ext4"
         run_dir = self.settings.run_root / vm_id
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -240,10 +254,13 @@ class QemuRuntime(Runtime):
         return QemuVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
                       machine=machine, agent=agent, disks=disks, run_dir=run_dir)
 
-    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, Stored, float]:
-        """Cold-boot, settle, capture by stop and copy, store."""
-        work = self.store.build_dir(build) / "work"
-        shutil.rmtree(work, ignore_errors=True)
+    async def boot_image(self, build: str, plan: MachinePlan) -> tuple[Image, float]:
+        """Cold-boot, settle, capture; the boot image stays with the build (builds/<hash>/
+        image) until `publish_template` stores it."""
+        local = self.store.local_image(build)
+        work = local.with_name("work")
+        for d in (work, local):
+            shutil.rmtree(d, ignore_errors=True)
         work.mkdir(parents=True)
         t0 = time.monotonic()
         vm = await self.cold_boot(build, replace(plan, generation="template"),
@@ -252,17 +269,21 @@ class QemuRuntime(Runtime):
         try:
             await warm_up(vm.agent)
             await asyncio.sleep(0.5)  # let boot-time work settle: an idle guest
-            result = await vmm_snapshot.capture(vm.machine, vm.disks, work / "snap")
-            disk = work / "snap" / "disk.qcow2"
-            await vm.disks.flatten_frozen(disk)
+            await vmm_snapshot.capture(vm.machine, vm.disks, work)
+            await vm.disks.flatten_frozen(work / IMAGE_FILES["disk"])
         finally:
             await self.kill(vm)
-        image = Image(key=f"tpl-{build}", build=build, machine=vm.image.machine)
-        stored = await self.store.put(image.key, {
-            "ram": result.ram, "devstate": result.devstate, "disk": disk,
-        }, image.machine, {"memory_mb": plan.memory_mb, "cpus": plan.cpus})
-        shutil.rmtree(work, ignore_errors=True)
-        return image, stored, boot_ms
+        work.replace(local)
+        return Image(key=f"tpl-{build}", build=build, machine=vm.image.machine), boot_ms
+
+    async def publish_template(self, image: Image, info: dict) -> Stored:
+        return await self.store.publish_template(image, info)
+
+    async def import_template(self, image: Image, info: dict) -> bool:
+        return await self.store.import_template(image, info)
+
+    async def template_info(self, name: str) -> dict:
+        return await self.store.template_info(name)
 
     # ---- capture and storage --------------------------------------------------------------
 
@@ -293,7 +314,10 @@ class QemuRuntime(Runtime):
             lease.release()
             self.cache.remove(key)
             raise
-        self._captures[key] = lease
+        related = [vm.image.key] + ([vm.last_capture] if vm.last_capture else [])
+        self._captures[key] = _Capture(lease, related, {
+            name: _byte_ranges(pages) for name, pages in result.changed.items()})
+        vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
         image = Image(key=key, build=vm.image.build, machine=describe(vm.machine.spec, vm.cpus),
                       persistent=persistent)
@@ -314,13 +338,14 @@ class QemuRuntime(Runtime):
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         key = captured.image.key
-        files = {name: path for name, path in self.cache.paths(key).items()}
-        return await self.store.put(key, files, captured.image.machine, meta)
+        held = self._captures[key]
+        return await self.store.put(captured.image, self.cache.paths(key), held.changed, meta,
+                                    held.related)
 
     def release(self, key: str) -> None:
-        lease = self._captures.pop(key, None)
-        if lease is not None:
-            lease.release()
+        held = self._captures.pop(key, None)
+        if held is not None:
+            held.lease.release()
 
     async def discard(self, key: str) -> None:
         await self.store.delete(key)
@@ -407,7 +432,8 @@ class QemuRuntime(Runtime):
         image: Image = state["image"]
         vm = QemuVm(id=vm_id, image=image, cpus=int(state["cpus"]),
                     memory_mb=int(state["memory_mb"]), machine=machine, agent=agent,
-                    disks=disks, run_dir=run_dir, lease=self.cache.adopt(image.key))
+                    disks=disks, run_dir=run_dir, lease=self.cache.adopt(image.key),
+                    last_capture=state.get("last_capture"))
         vm.save()
         if disks.frozen is not None:  # a capture's merge never ran
             self._spawn(self._compact_locked(vm))

@@ -33,6 +33,7 @@ class QemuVm(Vm):
     run_dir: Path
     lease: Lease | None = None  # on the image's hot files (None: a cold-booted template VM)
     network: SandboxNetwork | None = None
+    last_capture: str | None = None  # the last image captured of it (stored ones only)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # captures and disk merges
 
     @property
@@ -73,7 +74,7 @@ class QemuVm(Vm):
             "image": {"key": self.image.key, "build": self.image.build,
                       "machine": self.image.machine.to_dict(),
                       "persistent": self.image.persistent},
-            "cpus": self.cpus, "memory_mb": self.memory_mb,
+            "cpus": self.cpus, "memory_mb": self.memory_mb, "last_capture": self.last_capture,
             "disks": {"dir": str(self.disks.dir), "source": str(self.disks.source),
                       "size": self.disks.size, "source_fmt": self.disks.source_fmt},
         }

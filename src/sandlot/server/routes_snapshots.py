@@ -80,4 +80,4 @@ async def list_templates(request: Request) -> TemplateList:
 
 @router.get("/v1/templates/{name}", response_model=TemplateInfo)
 async def get_template(name: str, request: Request) -> TemplateInfo:
-    return core(request).templates.get(name)
+    return await core(request).templates.info(name)

@@ -61,8 +61,13 @@ class Store:
         return self.objects.url
 
     async def put(self, key: str, kind: str, files: dict[str, Source], machine: dict,
-                  meta: dict, base: Manifest | None = None) -> tuple[Manifest, int]:
-        """Store an image; (its manifest, the compressed bytes it added to the store)."""
+                  meta: dict, base: Manifest | None = None,
+                  known: list[Manifest] = ()) -> tuple[Manifest, int]:
+        """Store an image; (its manifest, the compressed bytes it added to the store).
+
+        `base`: an earlier version of these files (a file's `changed` ranges are relative to
+        it); `known`: other images whose chunks need not be looked up (a snapshot's template,
+        the sandbox's previous snapshot)."""
         fms: dict[str, FileManifest] = {}
         for name, src in files.items():
             fms[name] = await self.chunks.hash_file(
@@ -74,8 +79,9 @@ class Store:
             {"key": key, "at": time.time(), "digests": sorted(manifest.digests)}).encode())
         try:
             present: set[str] = set()
-            if base is not None and await self.objects.exists(manifest_key(base.key)):
-                present = base.digests  # referenced by a live manifest, and by our record now
+            for other in ([base] if base else []) + list(known):
+                if await self.objects.exists(manifest_key(other.key)):
+                    present |= other.digests  # referenced by a live manifest, and by our record
             tombstoned = {o.key.rsplit("/", 1)[1]
                           for o in await self.objects.list(TOMBSTONES)}
             added = 0

@@ -82,7 +82,7 @@ class Lifecycle:
         E2B creates sandboxes from snapshots by passing the snapshot id as the template)."""
         if not template_id.startswith("snap-"):
             try:
-                self.core.templates.get(template_id)
+                await self.core.templates.info(template_id)
                 return CreateSandbox(template=template_id)
             except NotFoundError:
                 pass
