@@ -23,8 +23,12 @@ qemu_pids = qemus_under
 
 
 def _make_server(tmp_root: Path, name: str) -> Server:
+    """A server with its own data dir and instance; the test session's servers share one
+    store (the templates are given to it once)."""
+    store = tmp_root.parent / "store"
     return Server(data_dir=tmp_root / f"data-{name}", instance=f"t{os.getpid()}{name}",
-                  log_path=tmp_root / f"server-{name}.log")
+                  log_path=tmp_root / f"server-{name}.log",
+                  extra_env={"SANDLOT_STORE": str(store)})
 
 
 def _cleanup(server: Server) -> None:
@@ -49,7 +53,7 @@ def own_server(tmp_path_factory) -> Iterator[Server]:
     """A server of the test's own, for restart and crash tests. No warm pool: these tests
     account for every QEMU process (tests/vm/test_pool.py covers the pool across restarts)."""
     srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
-    srv.extra_env = {"SANDLOT_POOL_SIZE": "0"}
+    srv.extra_env["SANDLOT_POOL_SIZE"] = "0"
     srv.start()
     yield srv
     _cleanup(srv)
@@ -62,7 +66,7 @@ def server_factory(tmp_path_factory) -> Iterator:
 
     def make(**extra_env: str) -> Server:
         srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
-        srv.extra_env = dict(extra_env)
+        srv.extra_env.update(extra_env)
         made.append(srv)
         srv.start()
         return srv

@@ -346,7 +346,7 @@ def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):
     shutil.copy(conftest.IMAGES_DIR / "templates" / "base.json", images / "templates")
     (images / "templates" / "e2b-other.json").write_text(json.dumps(base | {"name": "e2b-other"}))
     srv = conftest._make_server(tmp_path, "e2b")
-    srv.extra_env = {"SANDLOT_IMAGES_DIR": str(images)}
+    srv.extra_env["SANDLOT_IMAGES_DIR"] = str(images)
     srv.start()
     try:
         opts = e2b_opts(srv)

@@ -173,3 +173,24 @@ def test_machine_description_versions_and_problems() -> None:
     assert d.problems(host, "m", "tcg") == []
     problems = d.problems(host, "other", "kvm")
     assert len(problems) == 2 and "device model" in problems[0] and "kvm" in problems[1]
+
+
+async def test_a_server_with_another_data_dir_restores_from_the_store(tmp_path) -> None:
+    """Another server sharing only the store (the fake runtime's images here) restores a
+    snapshot it never saw, by id, with the record the snapshot was stored with."""
+    from sandlot.core.models import CreateSandbox
+
+    async with in_process(tmp_path / "a") as a:
+        rec = await a.core.sandboxes.create(CreateSandbox(env={"K": "v"}, metadata={"m": "1"}))
+        snap = a.core.sandboxes.snapshot(rec.sandbox_id, "named-on-a")
+        snap = await a.core.snapshots.wait(snap.snapshot_id)
+        assert snap.state == "ready"
+    async with in_process(tmp_path / "b", a.runtime) as b:
+        restored = await b.core.sandboxes.create(CreateSandbox(snapshot_id=snap.snapshot_id))
+        assert restored.env == {"K": "v"} and restored.snapshot_id == snap.snapshot_id
+        assert b.core.snapshots.get(snap.snapshot_id).state == "ready"
+        from sandlot.errors import NotFoundError
+        with pytest.raises(NotFoundError):
+            await b.core.sandboxes.create(CreateSandbox(snapshot_id="named-on-a"))
+        with pytest.raises(NotFoundError):
+            await b.core.sandboxes.create(CreateSandbox(snapshot_id="snap-0000000000"))

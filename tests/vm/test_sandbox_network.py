@@ -84,7 +84,7 @@ def web(tmp_path_factory):
 def net_server(web, tmp_path_factory):
     """A server whose sandboxes resolve names through the test's DNS server."""
     srv = _make_server(tmp_path_factory.mktemp("net"), "net")
-    srv.extra_env = {"SANDLOT_DNS": WEB_A, "SANDLOT_NET_POOL": "10.207.0.0/16"}
+    srv.extra_env.update({"SANDLOT_DNS": WEB_A, "SANDLOT_NET_POOL": "10.207.0.0/16"})
     srv.start()
     yield srv
     _cleanup(srv)

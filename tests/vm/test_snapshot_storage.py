@@ -1,9 +1,11 @@
-"""Snapshot storage (issue #3, item 8): zstd-compressed, checksummed blobs; a corrupted or missing
-blob fails the restore with a StorageError and leaves nothing running; deleting a snapshot does
-not break sandboxes restored from it; a sandbox's disk chain stays bounded."""
+"""Snapshot storage: content-addressed, zstd-compressed, checksummed chunks with a versioned
+manifest that describes the machine; a corrupted or missing chunk fails the restore with a
+StorageError and leaves nothing running; deleting a snapshot does not break sandboxes
+restored from it; a sandbox's disk chain stays bounded."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shutil
@@ -28,8 +30,22 @@ def reap():
     reaper.kill_all()
 
 
-def store_dir(server, snapshot_id: str) -> Path:
-    return server.data_dir / "store" / snapshot_id
+def store_root(server) -> Path:
+    return Path(server.env.get("SANDLOT_STORE") or server.data_dir / "store")
+
+
+def manifest_of(server, key: str) -> dict:
+    return json.loads((store_root(server) / "manifests" / f"{key}.json").read_text())
+
+
+def digests_of(manifest: dict, name: str) -> list[str]:
+    raw = zstandard.ZstdDecompressor().decompress(
+        base64.b64decode(manifest["files"][name]["digests"]))
+    return [raw[i:i + 32].hex() for i in range(0, len(raw), 32)]
+
+
+def chunk_path(server, digest: str) -> Path:
+    return store_root(server) / "chunks" / digest[:2] / digest
 
 
 def chain(path: Path) -> list[str]:
@@ -38,29 +54,29 @@ def chain(path: Path) -> list[str]:
     return [layer["filename"] for layer in json.loads(out)]
 
 
-def test_blobs_are_compressed_and_checksummed(server, reap):
+def test_chunks_are_compressed_checksummed_and_described(server, reap):
     sbx = reap(Sandbox.create(timeout=300))
     start_holder(sbx, ballast_mb=8)
     snap = sbx.create_snapshot()
     snap.wait()
-    d = store_dir(server, snap.snapshot_id)
-    manifest = json.loads((d / "manifest.json").read_text())
-    assert set(manifest["blobs"]) >= {"ram", "devstate", "disk"}
-    stored = 0
-    for name, blob in manifest["blobs"].items():
-        path = d / f"{name}.zst"
-        with open(path, "rb") as f:
-            assert f.read(4) == ZSTD_MAGIC, f"{name} is not zstd"
-        assert path.stat().st_size == blob["stored_size"]
-        assert len(blob["sha256"]) == 64
-        stored += blob["stored_size"]
-    assert snap.info.stored_bytes == stored
-    assert snap.info.size_bytes == sum(b["size"] for b in manifest["blobs"].values())
-    assert stored < snap.info.size_bytes / 4  # 512 MiB of RAM, mostly free, compresses well
-    # The checksum is of the uncompressed data.
-    devstate = zstandard.ZstdDecompressor().stream_reader(open(d / "devstate.zst", "rb")).read()
-    assert hashlib.sha256(devstate).hexdigest() == manifest["blobs"]["devstate"]["sha256"]
-    assert len(devstate) == manifest["blobs"]["devstate"]["size"]
+    manifest = manifest_of(server, snap.snapshot_id)
+    assert manifest["format"] == "1.0" and manifest["kind"] == "snapshot"
+    assert set(manifest["files"]) >= {"ram", "devstate", "disk"}
+    machine = manifest["machine"]
+    assert machine["machine_type"].startswith("pc-q35-") and machine["qemu_version"]
+    assert machine["base_mb"] == 512 and machine["device_model"] and machine["guest_proto"]
+    assert snap.info.size_bytes == sum(f["size"] for f in manifest["files"].values())
+    template = manifest_of(server, f"tpl-{manifest['meta']['build']}")
+    shared = set(digests_of(template, "ram")) & set(digests_of(manifest, "ram"))
+    assert shared, "the snapshot's RAM shares no chunk with its template's"
+    # It stored only what its template lacks: far less than its logical size.
+    assert snap.info.stored_bytes < snap.info.size_bytes / 8
+    # A chunk is zstd, and named by the SHA-256 of what it holds.
+    for digest in digests_of(manifest, "devstate")[:3]:
+        packed = chunk_path(server, digest).read_bytes()
+        assert packed[:4] == ZSTD_MAGIC
+        data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=1 << 20)
+        assert hashlib.sha256(data).hexdigest() == digest
     snap.remove()
 
 
@@ -74,13 +90,24 @@ def test_corrupted_or_missing_blob_fails_restore_cleanly(server, reap):
     # Evict the uncompressed copies, so restores read the blob store.
     for snap in (corrupt, missing):
         shutil.rmtree(hot_dir(server.shm_root, snap.snapshot_id))
-    ram = store_dir(server, corrupt.snapshot_id) / "ram.zst"
+    # A chunk of the RAM only this snapshot has (not its template's, not its sibling's).
+    others = set(digests_of(manifest_of(server, missing.snapshot_id), "ram"))
+    build = manifest_of(server, corrupt.snapshot_id)["meta"]["build"]
+    others |= set(digests_of(manifest_of(server, f"tpl-{build}"), "ram"))
+    own = [d for d in digests_of(manifest_of(server, corrupt.snapshot_id), "ram")
+           if d not in others]
+    ram = chunk_path(server, own[len(own) // 2])
     with open(ram, "r+b") as f:
         f.seek(ram.stat().st_size // 2)
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
-    (store_dir(server, missing.snapshot_id) / "devstate.zst").unlink()
+    kept = set(digests_of(manifest_of(server, corrupt.snapshot_id), "devstate"))
+    gone = [d for d in digests_of(manifest_of(server, missing.snapshot_id), "devstate")
+            if d not in kept]
+    assert gone
+    for digest in gone:
+        chunk_path(server, digest).unlink()
 
     sandboxes = {s.sandbox_id for s in Sandbox.list()}
     pids = set(qemu_pids(server.run_root))
@@ -124,8 +151,8 @@ def test_deleting_a_snapshot_keeps_its_restored_sandboxes_working(server, reap):
     assert snap.snapshot_id not in {s.snapshot_id for s in Snapshot.list()}
     with pytest.raises(NotFoundError):
         snap.restore()
-    wait_for(lambda: not store_dir(server, snap.snapshot_id).exists(), 30,
-             what="the deleted snapshot's blobs to go")
+    wait_for(lambda: not (store_root(server) / "manifests" / f"{snap.snapshot_id}.json")
+             .exists(), 30, what="the deleted snapshot's manifest to go")
 
     # The restored sandbox reads its disk (page cache dropped) and memory as before.
     assert restored.commands.run(MD5_BLOB).stdout.strip() == blob_md5

@@ -123,7 +123,7 @@ class SandboxManager:
 
     async def resolve_source(self, req: CreateSandbox) -> Source:
         if req.snapshot_id:
-            return self.snapshots.source(req.snapshot_id)
+            return await self.snapshots.source(req.snapshot_id)
         source = await self.templates.source(req.template or "base")
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
@@ -313,7 +313,7 @@ class SandboxManager:
     async def rollback(self, sandbox_id: str, snapshot: str) -> SandboxRecord:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
         live = self.get_live(sandbox_id)
-        source = self.snapshots.source(snapshot)
+        source = await self.snapshots.source(snapshot)
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")

@@ -129,9 +129,16 @@ class SnapshotManager:
 
     # ---- sources --------------------------------------------------------------------------
 
-    def source(self, id_or_name: str) -> Source:
-        """A ready snapshot as a restore source; InvalidStateError if it cannot be one here."""
-        rec = self.get(id_or_name)
+    async def source(self, id_or_name: str) -> Source:
+        """A ready snapshot as a restore source; InvalidStateError if it cannot be one here.
+        A snapshot id this server has no record of is looked up in the store (another server
+        took it): its manifest carries its record."""
+        try:
+            rec = self.get(id_or_name)
+        except NotFoundError:
+            if not id_or_name.startswith("snap-"):
+                raise
+            rec = await self._from_store(id_or_name)
         if rec.state != SnapshotState.READY:
             if rec.state == SnapshotState.FAILED:
                 raise InvalidStateError(f"snapshot {rec.snapshot_id} failed: {rec.error}",
@@ -140,6 +147,20 @@ class SnapshotManager:
                                     "not ready yet; wait for it", current=rec.state.value,
                                     allowed=("ready",))
         return self.source_of(rec)
+
+    async def _from_store(self, snapshot_id: str) -> SnapshotRecord:
+        try:
+            meta = await self.runtime.stored_meta(snapshot_id)
+        except NotFoundError:
+            raise NotFoundError(f"snapshot {snapshot_id!r} not found") from None
+        record = meta.get("record")
+        if not isinstance(record, dict) or record.get("snapshot_id") != snapshot_id:
+            raise NotFoundError(f"snapshot {snapshot_id!r} is in the store without a record")
+        rec = SnapshotRecord.model_validate({**record, "name": None})
+        rec.state = SnapshotState.READY
+        self._save(rec)
+        log.info("snapshot %s: taken by another server, found in the store", snapshot_id)
+        return rec
 
     def source_of(self, rec: SnapshotRecord) -> Source:
         try:
@@ -202,9 +223,7 @@ class SnapshotManager:
 
     async def upload(self, rec: SnapshotRecord, captured: Captured) -> SnapshotRecord:
         try:
-            stored = await self.runtime.persist(captured, {
-                "snapshot_id": rec.snapshot_id, "memory_mb": rec.memory_mb, "cpus": rec.cpus,
-                "build": rec.build})
+            stored = await self.runtime.persist(captured, {"record": to_doc(rec)})
             rec.size_bytes = stored.size_bytes
             rec.stored_bytes = stored.stored_bytes
             current = self.get(rec.snapshot_id, include_deleted=True)

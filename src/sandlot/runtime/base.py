@@ -169,6 +169,10 @@ class Runtime(abc.ABC):
         """Store a captured image durably (compressed, checksummed, manifest last)."""
 
     @abc.abstractmethod
+    async def stored_meta(self, key: str) -> dict:
+        """What `persist` stored with an image (NotFoundError if the store lacks it)."""
+
+    @abc.abstractmethod
     def release(self, key: str) -> None:
         """Drop a hold `capture` gave; a non-persistent image goes with its last VM."""
 

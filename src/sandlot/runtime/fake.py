@@ -395,6 +395,7 @@ class FakeRuntime(Runtime):
         self.vms: dict[str, FakeVm] = {}
         self.captures: dict[str, tuple[Image, GuestState]] = {}
         self.templates: dict[str, dict] = {}  # the store's template index
+        self.metas: dict[str, dict] = {}  # what persist stored with each image
         self.fail_restores = 0
         self.persist_delay = 0.0
         self.fail_persist: str | None = None
@@ -469,14 +470,21 @@ class FakeRuntime(Runtime):
             raise StorageError(self.fail_persist)
         _, state = self.captures[captured.image.key]
         self.images[captured.image.key] = copy.deepcopy(state)
+        self.metas[captured.image.key] = meta
         size = sum(len(d) for d in state.files.values())
         return Stored(size_bytes=size, stored_bytes=size)
+
+    async def stored_meta(self, key: str) -> dict:
+        if key not in self.metas:
+            raise NotFoundError(f"image {key} is not in the store")
+        return self.metas[key]
 
     def release(self, key: str) -> None:
         self.captures.pop(key, None)
 
     async def discard(self, key: str) -> None:
         self.images.pop(key, None)
+        self.metas.pop(key, None)
 
     async def kill(self, vm: Vm) -> None:
         assert isinstance(vm, FakeVm)

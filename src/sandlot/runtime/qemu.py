@@ -342,6 +342,9 @@ class QemuRuntime(Runtime):
         return await self.store.put(captured.image, self.cache.paths(key), held.changed, meta,
                                     held.related)
 
+    async def stored_meta(self, key: str) -> dict:
+        return dict((await self.store.manifest(key)).meta)
+
     def release(self, key: str) -> None:
         held = self._captures.pop(key, None)
         if held is not None:
