@@ -76,6 +76,15 @@ def server_factory(tmp_path_factory) -> Iterator:
         _cleanup(srv)
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> Iterator[testing.S3Server]:
+    """A real S3 server (SeaweedFS) on loopback for the session."""
+    srv = testing.S3Server(tmp_path_factory.mktemp("s3"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def sandbox_factory(server):
     """Create sandboxes (SDK `Sandbox.create` kwargs); all are killed after the test."""

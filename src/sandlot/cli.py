@@ -265,6 +265,39 @@ def template_gc(data_dir: Path, dry_run: bool, as_json: bool) -> None:
 
 
 @cli.group(cls=_Group)
+def store() -> None:
+    """The store of snapshots and templates (SANDLOT_STORE, or <data dir>/store)."""
+
+
+@store.command("gc")
+@_data_dir_option
+@click.option("--grace", type=float, default=None,
+              help="Seconds an unreferenced chunk waits between the two passes "
+                   "(default SANDLOT_GC_GRACE, 3600).")
+@_json_option
+def store_gc(data_dir: Path, grace: float | None, as_json: bool) -> None:
+    """Free chunks no snapshot or template references. A chunk goes on the second run at
+    least a grace period after the first found it unreferenced, so uploads and other servers
+    sharing the store lose nothing."""
+    import asyncio
+
+    from sandlot.config import Settings
+    from sandlot.storage.gc import collect_garbage
+    from sandlot.storage.objects import open_store
+    from sandlot.storage.store import Store
+
+    settings = Settings.from_env(data_dir)
+    stats = asyncio.run(collect_garbage(Store(open_store(settings.store_url)),
+                                        settings.gc_grace if grace is None else grace))
+    if as_json:
+        _print_json(vars(stats))
+    else:
+        click.echo(f"{settings.store_url}: {stats.manifests} images, {stats.chunks} chunks; "
+                   f"marked {stats.tombstoned} unreferenced, deleted {stats.deleted} "
+                   f"({stats.deleted_bytes / 2**20:.1f} MiB)")
+
+
+@cli.group(cls=_Group)
 def keys() -> None:
     """Manage API keys on this host."""
 

@@ -7,7 +7,7 @@ stored: ``s3://BUCKET/PREFIX``, with the standard AWS_* variables, or a director
 RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several servers can
 share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
-takes it; default 3600).
+takes it; default 3600) and SANDLOT_GC_INTERVAL (seconds between GC runs; default 600).
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class Settings:
                    shm_root=shm_root, pool_size=_int_env("SANDLOT_POOL_SIZE", 2),
                    pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()),
                    cache_mb=_int_env("SANDLOT_CACHE_MB", _mem_total_mb() // 4),
-                   gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)))
+                   gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)),
+                   gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0)
 
     @property
     def images(self) -> Path:

@@ -26,19 +26,12 @@ from sandlot.testing import S3Server
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("s3"))
-    server.start()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+@pytest.fixture(autouse=True)
+def s3_env(s3, monkeypatch) -> S3Server:
+    """The session's S3 server (tests/conftest.py), as the standard variables name it."""
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    return s3
 
 
 def store_at(s3: S3Server, prefix: str) -> Store:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sandlot.config import Settings
@@ -274,7 +275,7 @@ class SandboxManager:
         self.snapshots.start(live, rec)
         return rec
 
-    async def fork(self, sandbox_id: str, count: int) -> list[SandboxRecord | SandlotError]:
+    async def fork(self, sandbox_id: str, count: int) -> Forked:
         """`count` children of the sandbox's current state; each succeeds or fails alone."""
         if not 1 <= count <= MAX_FORK:
             raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
@@ -308,7 +309,7 @@ class SandboxManager:
                 out.append(VmmError(f"{type(r).__name__}: {r}"))
             else:
                 raise r
-        return out
+        return Forked(out, captured.pause_ms)
 
     async def rollback(self, sandbox_id: str, snapshot: str) -> SandboxRecord:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
@@ -397,6 +398,15 @@ class SandboxManager:
             with contextlib.suppress(SandlotError):
                 self.snapshots.delete(rec.paused_snapshot)
             rec.paused_snapshot = None
+
+
+@dataclass
+class Forked:
+    """A fork's children (each a record, or the error that stopped it), and how long the
+    parent was paused for their capture."""
+
+    children: list[SandboxRecord | SandlotError]
+    pause_ms: float
 
 
 def all_items_in(wanted: dict[str, str], have: dict[str, str]) -> bool:

@@ -52,7 +52,8 @@ class Core:
             except SandlotError as e:
                 log.warning("warm pool: template %r: %s", name, e.message)
         self.runtime.keep_warm(warm)
-        self._background = [asyncio.create_task(self._import_templates())]
+        self._background = [asyncio.create_task(self._import_templates()),
+                            asyncio.create_task(self._gc_loop())]
         await self.runtime.start()
         self._reaper = asyncio.create_task(self._reap_loop())
 
@@ -84,6 +85,16 @@ class Core:
                     log.info("stored template %s (%s)", info.name, info.hash)
             except SandlotError as e:
                 log.warning("template %s not stored: %s", info.name, e.message)
+
+    async def _gc_loop(self) -> None:
+        """The store's garbage collection, now and then (a store shared by several servers
+        is safe with each running it: storage/gc.py)."""
+        while True:
+            await asyncio.sleep(self.settings.gc_interval)
+            try:
+                await self.runtime.collect_garbage(self.settings.gc_grace)
+            except SandlotError as e:
+                log.warning("store GC failed: %s", e.message)
 
     async def _reap_loop(self) -> None:
         while True:

@@ -215,6 +215,11 @@ class Runtime(abc.ABC):
         """After a restart: re-adopt the VMs in `expected` whose process still runs; remove
         every other VM, disk, network and unheld local image not in `keep_images`."""
 
+    async def collect_garbage(self, grace: float) -> dict:
+        """Free the store's chunks no image references (two passes a grace period apart:
+        storage/gc.py). Stats."""
+        return {}
+
     def keep_warm(self, images: dict[str, Image]) -> None:  # noqa: B027 - optional
         """Keep VMs of these images (by name) restored ahead of demand."""
 

@@ -5,14 +5,17 @@ so they share its pages), ``devstate``, ``disk.qcow2`` and, for a VM that had ho
 ``ram.dimm``; plus ``entry.json`` (whether the image is also in the store) and ``.ok`` once the
 files are complete. Every user of an entry holds a `Lease`: each VM restored from it, and a
 capture until its upload is done. An entry that is not in the store (a fork's) goes with its
-last lease; one whose image was deleted (`discard`) too. Stored images stay cached and are
-hydrated again from the store when missing.
+last lease; one whose image was deleted (`discard`) too. Stored images stay cached, least
+recently used first out once the cache holds more than its bound (`max_bytes`; entries a lease
+holds are never evicted), and are hydrated again from the store when missing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,8 +50,9 @@ class Lease:
 
 
 class HotCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_bytes: int | None = None) -> None:
         self.root = root
+        self.max_bytes = max_bytes
         self._leases: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -85,6 +89,8 @@ class HotCache:
 
     def _hold(self, key: str) -> Lease:
         self._leases[key] = self._leases.get(key, 0) + 1
+        with contextlib.suppress(OSError):
+            os.utime(self.dir(key))  # recently used
         return Lease(self, key)
 
     async def acquire(self, key: str, dimm: bool, hydrate: Hydrate) -> Lease:
@@ -96,6 +102,9 @@ class HotCache:
                 self._write_entry(key, persistent=True)
                 await hydrate(self.paths(key, dimm))
                 self.mark_ready(key)
+                lease = self._hold(key)
+                self.evict()
+                return lease
             return self._hold(key)
 
     def create(self, key: str, persistent: bool) -> Lease:
@@ -138,6 +147,33 @@ class HotCache:
         if not self.root.exists():
             return []
         return [p.name for p in self.root.iterdir() if p.is_dir()]
+
+    def size(self, key: str) -> int:
+        """Bytes of data the entry holds (its files are sparse)."""
+        from sandlot.vmm.memory import data_bytes
+
+        total = 0
+        for path in self.dir(key).iterdir() if self.dir(key).is_dir() else ():
+            with contextlib.suppress(OSError):
+                total += data_bytes(path)
+        return total
+
+    def evict(self) -> list[str]:
+        """Drop least recently used unheld entries while the cache is above its bound."""
+        if self.max_bytes is None:
+            return []
+        sizes = {key: self.size(key) for key in self.keys()}
+        total = sum(sizes.values())
+        evicted = []
+        for key in sorted(sizes, key=lambda k: self.dir(k).stat().st_mtime):
+            if total <= self.max_bytes:
+                break
+            if self.holders(key):
+                continue
+            self.remove(key)
+            total -= sizes[key]
+            evicted.append(key)
+        return evicted
 
     def prune(self, keep: set[str]) -> list[str]:
         """Remove unheld entries that are not in the store, or are not in `keep`."""

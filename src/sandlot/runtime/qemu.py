@@ -89,7 +89,7 @@ class QemuRuntime(Runtime):
         self.settings = settings
         self.accel = settings.accel
         self.network = network
-        self.cache = HotCache(settings.hot_dir)
+        self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20)
         self.store = ImageStore(settings)
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
         self._captures: dict[str, _Capture] = {}
@@ -310,6 +310,7 @@ class QemuRuntime(Runtime):
                 log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
             await vm.disks.flatten_frozen(lease.path("disk"))
             self.cache.mark_ready(key)
+            self.cache.evict()
         except BaseException:
             lease.release()
             self.cache.remove(key)
@@ -441,6 +442,11 @@ class QemuRuntime(Runtime):
         if disks.frozen is not None:  # a capture's merge never ran
             self._spawn(self._compact_locked(vm))
         return vm
+
+    async def collect_garbage(self, grace: float) -> dict:
+        from sandlot.storage.gc import collect_garbage
+
+        return vars(await collect_garbage(self.store.store, grace))
 
     def keep_warm(self, images: dict[str, Image]) -> None:
         if self.pool is not None:

@@ -48,6 +48,7 @@ class ForkError(BaseModel):
 class ForkResult(BaseModel):
     sandboxes: list[SandboxRecord]
     errors: list[ForkError]
+    pause_ms: float  # how long the parent was paused for the capture
 
 
 @router.post("", status_code=201, response_model=SandboxRecord)
@@ -91,11 +92,12 @@ async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> S
 
 @router.post("/{sandbox_id}/fork", response_model=ForkResult)
 async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> ForkResult:
-    results = await core(request).sandboxes.fork(sandbox_id, body.count)
+    forked = await core(request).sandboxes.fork(sandbox_id, body.count)
+    results = forked.children
     ok = [r for r in results if isinstance(r, SandboxRecord)]
     errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
-    return ForkResult(sandboxes=ok, errors=errors)
+    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(forked.pause_ms, 2))
 
 
 @router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)

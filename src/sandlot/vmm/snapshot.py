@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sandlot.errors import VmmError
+from sandlot.errors import SandlotError, VmmError
 from sandlot.vmm import memory
 from sandlot.vmm.disk import DiskChain
 from sandlot.vmm.machine import Machine, MachineSpec
@@ -79,22 +79,39 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
         paused_at = time.monotonic()
         await machine.stop()
         try:
-            t = time.monotonic()
-            await disks.stack_next(machine)
-            stacked = True
-            phases["disk"] = (time.monotonic() - t) * 1000
-            t = time.monotonic()
-            changed = [(r, memory.changed_pages(machine.pid, r)) for r in regions]
-            deltas = await asyncio.to_thread(memory.read_pages, machine.pid, changed, buffer)
-            phases["copy"] = (time.monotonic() - t) * 1000
-            t = time.monotonic()
-            await machine.execute("xen-save-devices-state",
-                                  {"filename": str(devstate), "live": False})
-            phases["devices"] = (time.monotonic() - t) * 1000
+            # With the VM stopped, three things at once: the disk's next overlay is stacked
+            # and the device state saved (QMP, one after the other), while the changed pages
+            # are copied out in threads.
+            async def disk() -> None:
+                nonlocal stacked
+                t = time.monotonic()
+                await disks.stack_next(machine)
+                stacked = True
+                phases["disk"] = (time.monotonic() - t) * 1000
+                t = time.monotonic()
+                await machine.execute("xen-save-devices-state",
+                                      {"filename": str(devstate), "live": False})
+                phases["devices"] = (time.monotonic() - t) * 1000
+
+            async def ram() -> list[memory.Delta]:
+                t = time.monotonic()
+                changed = [(r, memory.changed_pages(machine.pid, r)) for r in regions]
+                out = await asyncio.to_thread(memory.read_pages, machine.pid, changed, buffer)
+                phases["copy"] = (time.monotonic() - t) * 1000
+                return out
+
+            results = await asyncio.gather(disk(), ram(), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            deltas = results[1]
         finally:
             t = time.monotonic()
-            with contextlib.suppress(VmmError):
-                await machine.ensure_running()
+            try:
+                await machine.cont()
+            except SandlotError:
+                with contextlib.suppress(SandlotError):
+                    await machine.ensure_running()
             resumed_at = time.monotonic()
             phases["cont"] = (resumed_at - t) * 1000
         t = time.monotonic()

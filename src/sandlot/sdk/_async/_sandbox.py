@@ -14,11 +14,14 @@ from ._http import AsyncAPI
 
 
 class AsyncForkList(list["AsyncSandbox"]):
-    """The children of a fork. `errors` holds one error per child that failed to start."""
+    """The children of a fork. `errors` holds one error per child that failed to start;
+    `pause_ms`, how long the parent was paused for their capture."""
 
-    def __init__(self, children: list[AsyncSandbox], errors: list[SandlotError]) -> None:
+    def __init__(self, children: list[AsyncSandbox], errors: list[SandlotError],
+                 pause_ms: float | None = None) -> None:
         super().__init__(children)
         self.errors = errors
+        self.pause_ms = pause_ms
 
 
 class AsyncSandbox:
@@ -176,7 +179,8 @@ class AsyncSandbox:
         data = await self._api.call(_base.fork_sandbox(self.sandbox_id, count))
         infos, errors = _base.parse_fork(data)
         _base.check_fork(infos, errors)
-        return AsyncForkList([self._child(info) for info in infos], errors)
+        return AsyncForkList([self._child(info) for info in infos], errors,
+                             data.get("pause_ms") if isinstance(data, dict) else None)
 
     async def pause(self) -> None:
         """Keep the sandbox's whole state (memory, processes, files) and stop its VM, so it

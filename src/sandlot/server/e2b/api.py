@@ -286,7 +286,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
                        ) -> JSONResponse:
     c, st = core(request), e2b_state(request)
     body = body or ForkBody()
-    results = await c.sandboxes.fork(sandbox_id, body.count or 1)
+    results = (await c.sandboxes.fork(sandbox_id, body.count or 1)).children
     out = []
     for r in results:
         if isinstance(r, SandboxRecord):

@@ -1,0 +1,153 @@
+"""Snapshots and templates in S3 (a real SeaweedFS on loopback, started by the tests): a second
+server with its own data dir and its own, empty images dir restores, forks, rolls back and
+creates from what the first stored; a snapshot after a small change stores little; GC running
+all the time loses nothing; a server killed mid-upload leaves no ready snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+import time
+
+import pytest
+from snapkit import ask, start_holder, wait_for
+
+from conftest import _cleanup, _make_server
+from sandlot import Sandbox, Snapshot
+from sandlot.storage.objects import open_store
+from sandlot.storage.store import Store
+
+MiB = 1 << 20
+
+
+def server_on(s3, tmp_path_factory, prefix: str, name: str, **env: str):
+    srv = _make_server(tmp_path_factory.mktemp(name), name + secrets.token_hex(2))
+    srv.extra_env.update({"SANDLOT_STORE": s3.url(prefix), "SANDLOT_POOL_SIZE": "0",
+                          **s3.env, **env})
+    return srv
+
+
+def store_of(s3, prefix: str) -> Store:
+    import os
+
+    os.environ.update(s3.env)
+    return Store(open_store(s3.url(prefix)))
+
+
+def stored(s3, prefix: str, key: str) -> bool:
+    return asyncio.run(store_of(s3, prefix).exists(key))
+
+
+@pytest.fixture(scope="module")
+def prefix() -> str:
+    return "vm-" + secrets.token_hex(3)
+
+
+@pytest.fixture(scope="module")
+def first(s3, tmp_path_factory, prefix):
+    """A server that stores into S3; its start gives the store the base template."""
+    srv = server_on(s3, tmp_path_factory, prefix, "a")
+    srv.start()
+    wait_for(lambda: asyncio.run(store_of(s3, prefix).objects.exists(
+        "index/templates/base.json")), 180, interval=1, what="the base template in S3")
+    yield srv
+    _cleanup(srv)
+
+
+def test_a_second_server_restores_forks_and_creates_from_the_store(first, s3, prefix,
+                                                                  tmp_path_factory):
+    a = first.client_kwargs()
+    src = Sandbox.create(timeout=600, **a)
+    answer = start_holder(src)
+    src.files.write("/root/state.txt", "from host a")
+    snap = src.create_snapshot(name="shared").wait()
+    src.kill()
+
+    images = tmp_path_factory.mktemp("b-images")  # nothing built or cached here
+    second = server_on(s3, tmp_path_factory, prefix, "b", SANDLOT_IMAGES_DIR=str(images))
+    second.start()
+    try:
+        b = second.client_kwargs()
+        restored = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=600, **b)
+        assert restored.files.read("/root/state.txt") == "from host a"
+        assert ask(restored).memory == answer.memory  # exactly where it was
+        kids = restored.fork(2)
+        assert {k.files.read("/root/state.txt") for k in kids} == {"from host a"}
+        restored.files.write("/root/state.txt", "changed on b")
+        restored.rollback(snap.snapshot_id)
+        assert restored.files.read("/root/state.txt") == "from host a"
+        fresh = Sandbox.create("base", timeout=600, **b)
+        assert fresh.commands.run("echo ok").stdout == "ok\n"
+        assert (images / "builds").is_dir()  # the build came from the store
+        for box in (*kids, restored, fresh):
+            box.kill()
+    finally:
+        _cleanup(second)
+    Snapshot.delete(snap.snapshot_id, **a)
+
+
+def test_a_snapshot_after_a_small_change_stores_little(first):
+    kw = first.client_kwargs()
+    sbx = Sandbox.create(timeout=600, **kw)
+    sbx.commands.run("head -c 100M /dev/urandom > /dev/shm/data", timeout=300, check=True)
+    one = sbx.create_snapshot().wait()
+    sbx.commands.run("head -c 10M /dev/urandom | dd of=/dev/shm/data bs=1M seek=40 "
+                     "conv=notrunc status=none", timeout=300, check=True)
+    two = sbx.create_snapshot().wait()
+    print(f"\nstored: first {one.info.stored_bytes / MiB:.1f} MiB, second after 10 MiB "
+          f"{two.info.stored_bytes / MiB:.1f} MiB (logical {two.info.size_bytes / MiB:.0f})")
+    assert one.info.stored_bytes >= 95 * MiB  # the sandbox's own 100 MiB, not the template's
+    assert two.info.stored_bytes <= 0.15 * one.info.stored_bytes
+    restored = Sandbox.create(snapshot_id=two.snapshot_id, timeout=600, **kw)
+    assert restored.commands.run("cmp -s /dev/shm/data /dev/shm/data && echo same").ok
+    sbx.kill()
+    restored.kill()
+    for snap in (one, two):
+        snap.remove()
+
+
+def test_gc_running_all_the_time_loses_nothing(s3, tmp_path_factory, prefix):
+    srv = server_on(s3, tmp_path_factory, prefix, "gc", SANDLOT_GC_GRACE="0",
+                    SANDLOT_GC_INTERVAL="1")
+    srv.start()
+    try:
+        kw = srv.client_kwargs()
+        sbx = Sandbox.create(timeout=600, **kw)
+        snaps = []
+        for i in range(5):
+            sbx.files.write(f"/root/f{i}", str(i) * 100000)
+            snaps.append((i, sbx.create_snapshot().wait()))
+            if i % 2:
+                snaps.pop(0)[1].remove()  # deletions free chunks others may share
+        time.sleep(3)  # a few more GC runs
+        for i, snap in snaps:
+            box = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=600, **kw)
+            assert box.files.read(f"/root/f{i}") == str(i) * 100000
+            box.kill()
+        sbx.kill()
+    finally:
+        _cleanup(srv)
+
+
+def test_a_server_killed_mid_upload_leaves_no_ready_snapshot(s3, tmp_path_factory, prefix):
+    srv = server_on(s3, tmp_path_factory, prefix, "kill")
+    srv.start()
+    try:
+        kw = srv.client_kwargs()
+        sbx = Sandbox.create(timeout=600, **kw)
+        sbx.commands.run("head -c 200M /dev/urandom > /dev/shm/big", timeout=300, check=True)
+        snap = sbx.create_snapshot()
+        wait_for(lambda: snap.refresh().state != "creating", 60, interval=0.02,
+                 what="the upload to start")
+        assert snap.state == "uploading"
+        srv.stop(signal.SIGKILL)
+        srv.start()
+        assert snap.refresh().state == "failed" and "interrupted" in snap.error
+        assert not stored(s3, prefix, snap.snapshot_id)
+        assert sbx.is_running()  # its sandbox was re-adopted and can snapshot again
+        again = sbx.create_snapshot().wait()
+        assert stored(s3, prefix, again.snapshot_id)
+        sbx.kill()
+    finally:
+        _cleanup(srv)
