@@ -9,30 +9,11 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from harness import IMAGES_DIR, Server, cleanup, make_server  # noqa: F401
 from sandlot import testing
-from sandlot.vmm.processes import qemus_under
-
-IMAGES_DIR = testing.IMAGES_DIR
-ROOT = Path(__file__).resolve().parent.parent
-Server = testing.ServerProcess
-qemu_pids = qemus_under
-
-
-def _make_server(tmp_root: Path, name: str) -> Server:
-    """A server with its own data dir and instance; the test session's servers share one
-    store (the templates are given to it once)."""
-    store = tmp_root.parent / "store"
-    return Server(data_dir=tmp_root / f"data-{name}", instance=f"t{os.getpid()}{name}",
-                  log_path=tmp_root / f"server-{name}.log",
-                  extra_env={"SANDLOT_STORE": str(store)})
-
-
-def _cleanup(server: Server) -> None:
-    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -40,23 +21,23 @@ def server(tmp_path_factory) -> Iterator[Server]:
     """One sandlot server for the session."""
     if not (IMAGES_DIR / "templates" / "base.json").exists():
         pytest.fail("the base template is not built: run `make setup`")
-    srv = _make_server(tmp_path_factory.mktemp("sandlot"), "main")
+    srv = make_server(tmp_path_factory.mktemp("sandlot"), "main")
     srv.start()
     os.environ["SANDLOT_URL"] = srv.url
     os.environ["SANDLOT_API_KEY"] = srv.key
     yield srv
-    _cleanup(srv)
+    cleanup(srv)
 
 
 @pytest.fixture
 def own_server(tmp_path_factory) -> Iterator[Server]:
     """A server of the test's own, for restart and crash tests. No warm pool: these tests
     account for every QEMU process (tests/vm/test_pool.py covers the pool across restarts)."""
-    srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
+    srv = make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
     srv.extra_env["SANDLOT_POOL_SIZE"] = "0"
     srv.start()
     yield srv
-    _cleanup(srv)
+    cleanup(srv)
 
 
 @pytest.fixture
@@ -65,7 +46,7 @@ def server_factory(tmp_path_factory) -> Iterator:
     made: list[Server] = []
 
     def make(**extra_env: str) -> Server:
-        srv = _make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
+        srv = make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
         srv.extra_env.update(extra_env)
         made.append(srv)
         srv.start()
@@ -73,7 +54,7 @@ def server_factory(tmp_path_factory) -> Iterator:
 
     yield make
     for srv in made:
-        _cleanup(srv)
+        cleanup(srv)
 
 
 @pytest.fixture(scope="session")

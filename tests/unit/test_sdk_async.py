@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from fastkit import Fast
 
-from conftest import Fast
 from sandlot import (
     AsyncSandbox,
     AsyncSandlot,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fastkit import Fast
 
-from conftest import Fast
 from sandlot import Sandlot, cli
 
 

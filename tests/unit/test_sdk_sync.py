@@ -9,9 +9,9 @@ from datetime import datetime
 
 import httpx
 import pytest
+from fastkit import Fast
 
 import sandlot
-from conftest import Fast
 from sandlot import (
     AuthenticationError,
     CommandExitError,

@@ -10,7 +10,7 @@ import time
 
 from snapkit import clock_error, generation, urandom, wait_for
 
-from conftest import qemu_pids
+from harness import qemu_pids
 from sandlot import Sandbox, Sandlot
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from snapkit import Answer, Reaper, ask, start_holder
 
-from conftest import qemu_pids
+from harness import qemu_pids
 from sandlot import InvalidArgumentError, Sandbox, Sandlot, Snapshot
 
 MD5_BLOB = "sync; echo 3 > /proc/sys/vm/drop_caches; md5sum /root/blob.bin | cut -d' ' -f1"

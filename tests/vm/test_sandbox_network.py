@@ -21,7 +21,7 @@ import httpx
 import pytest
 from snapkit import wait_for
 
-from conftest import _cleanup, _make_server, qemu_pids
+from harness import cleanup, make_server, qemu_pids
 from sandlot import Sandbox, Sandlot
 
 SFX = f"{os.getpid() % 0x10000:x}"
@@ -83,11 +83,11 @@ def web(tmp_path_factory):
 @pytest.fixture(scope="module")
 def net_server(web, tmp_path_factory):
     """A server whose sandboxes resolve names through the test's DNS server."""
-    srv = _make_server(tmp_path_factory.mktemp("net"), "net")
+    srv = make_server(tmp_path_factory.mktemp("net"), "net")
     srv.extra_env.update({"SANDLOT_DNS": WEB_A, "SANDLOT_NET_POOL": "10.207.0.0/16"})
     srv.start()
     yield srv
-    _cleanup(srv)
+    cleanup(srv)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from conftest import qemu_pids
+from harness import qemu_pids
 from sandlot import Sandbox
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from snapkit import ask, hot_dir, start_holder, wait_for
 
-from conftest import qemu_pids
+from harness import qemu_pids
 from sandlot import (
     InvalidStateError,
     NotFoundError,

@@ -16,7 +16,7 @@ import pytest
 import zstandard
 from snapkit import Reaper, ask, hot_dir, start_holder, wait_for
 
-from conftest import qemu_pids
+from harness import qemu_pids
 from sandlot import NotFoundError, Sandbox, Snapshot, StorageError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -13,7 +13,7 @@ import time
 import pytest
 from snapkit import ask, start_holder, wait_for
 
-from conftest import _cleanup, _make_server
+from harness import cleanup, make_server
 from sandlot import Sandbox, Snapshot
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Store
@@ -22,7 +22,7 @@ MiB = 1 << 20
 
 
 def server_on(s3, tmp_path_factory, prefix: str, name: str, **env: str):
-    srv = _make_server(tmp_path_factory.mktemp(name), name + secrets.token_hex(2))
+    srv = make_server(tmp_path_factory.mktemp(name), name + secrets.token_hex(2))
     srv.extra_env.update({"SANDLOT_STORE": s3.url(prefix), "SANDLOT_POOL_SIZE": "0",
                           **s3.env, **env})
     return srv
@@ -52,7 +52,7 @@ def first(s3, tmp_path_factory, prefix):
     wait_for(lambda: asyncio.run(store_of(s3, prefix).objects.exists(
         "index/templates/base.json")), 180, interval=1, what="the base template in S3")
     yield srv
-    _cleanup(srv)
+    cleanup(srv)
 
 
 def test_a_second_server_restores_forks_and_creates_from_the_store(first, s3, prefix,
@@ -83,7 +83,7 @@ def test_a_second_server_restores_forks_and_creates_from_the_store(first, s3, pr
         for box in (*kids, restored, fresh):
             box.kill()
     finally:
-        _cleanup(second)
+        cleanup(second)
     Snapshot.delete(snap.snapshot_id, **a)
 
 
@@ -127,7 +127,7 @@ def test_gc_running_all_the_time_loses_nothing(s3, tmp_path_factory, prefix):
             box.kill()
         sbx.kill()
     finally:
-        _cleanup(srv)
+        cleanup(srv)
 
 
 def test_a_server_killed_mid_upload_leaves_no_ready_snapshot(s3, tmp_path_factory, prefix):
@@ -150,4 +150,4 @@ def test_a_server_killed_mid_upload_leaves_no_ready_snapshot(s3, tmp_path_factor
         assert stored(s3, prefix, again.snapshot_id)
         sbx.kill()
     finally:
-        _cleanup(srv)
+        cleanup(srv)

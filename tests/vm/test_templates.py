@@ -34,7 +34,7 @@ def build(spec_path, images_dir) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(1200)
 def test_custom_template(server, tmp_path):
-    from conftest import IMAGES_DIR
+    from harness import IMAGES_DIR
 
     config = tmp_path / "config.json"
     config.write_text('{"answer": 42}')

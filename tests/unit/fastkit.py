@@ -1,0 +1,53 @@
+"""The fast tier's in-process server handle, imported by the unit tests by name
+(`from fastkit import Fast`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+URL = "http://sandlot.test"
+
+
+class _Recording(httpx.BaseTransport):
+    def __init__(self, inner: httpx.BaseTransport, requests: list) -> None:
+        self.inner, self.requests = inner, requests
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        self.requests.append(request)
+        return self.inner.handle_request(request)
+
+
+class _AsyncRecording(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport, requests: list) -> None:
+        self.inner, self.requests = inner, requests
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        self.requests.append(request)
+        return await self.inner.handle_async_request(request)
+
+
+@dataclass
+class Fast:
+    """An in-process server: its runtime, core, API key, a transport to it for the SDKs, and
+    every request the SDK sent through that transport."""
+
+    server: object
+    transport: httpx.BaseTransport | httpx.AsyncBaseTransport
+    requests: list[httpx.Request] = field(default_factory=list)
+    url: str = URL
+
+    @property
+    def key(self) -> str:
+        return self.server.key
+
+    @property
+    def runtime(self):
+        return self.server.runtime
+
+    @property
+    def core(self):
+        return self.server.core
