@@ -29,12 +29,21 @@ FROM_SERIES = {
     "fork1_ms_p50": "fork1_ms", "fork8_wall_ms": "fork8_wall_ms",
     "fork32_wall_ms": "fork32_wall_ms", "fork_private_mib": "fork8_private_mib",
     "fork_pss_mib": "fork8_pss_mib", "snapshot_stored_mib": "snapshot_stored_mib",
+    "fork_parent_pause_ms_p50": "fork_parent_pause_ms",
+    "incremental_ready_ms_p50": "incremental_ready_ms",
+    "incremental_stored_mib_p50": "incremental_stored_mib",
+    "restore_empty_cache_ms_p50": "restore_empty_cache_ms",
 }
 TARGETS = {  # key -> (comparison, limit); from the issues
     "create_ms_p50": ("<=", 150), "snapshot_pause_ms_p50": ("<=", 30),
     "snapshot_pause_big_ms_p50": ("<=", 30),
     "fork1_ms_p50": ("<=", 150), "fork8_wall_ms": ("<=", 800), "fork32_wall_ms": ("<=", 3000),
     "fork_private_mib": ("<=", 8), "fork_pss_mib": ("<=", 60), "create_speedup": (">=", 40),
+    "fork_parent_pause_ms_p50": ("<=", 30), "incremental_ready_ms_p50": ("<=", 1000),
+    "incremental_stored_ratio": ("<=", 0.15), "incremental_total_ratio": ("<=", 1.5),
+    # ratios to gVisor in the same run
+    "restore_speedup_vs_peer": (">=", 1), "fork8_speedup_vs_peer": (">=", 1),
+    "snapshot_ready_speedup_vs_peer_checkpoint": (">=", 0.33),
 }
 
 
@@ -84,6 +93,10 @@ def build_json(results: Results, plan: Plan, peer: dict, accel: str, run: dict) 
     peer_ok = "unavailable" not in peer
     out["peer_restore_ms_p50"] = _round(peer.get("restore_ms_p50")) if peer_ok else None
     out["peer_fork8_wall_ms"] = _round(peer.get("fork8_wall_ms")) if peer_ok else None
+    first = results.values.get("incremental_first_stored_mib")
+    out["incremental_stored_ratio"] = _round(_ratio(out["incremental_stored_mib_p50"], first))
+    out["incremental_total_ratio"] = _round(_ratio(
+        results.values.get("incremental_total_stored_mib"), first))
     out["accel"] = accel
     out["host"] = host_info()
     cold, create = out["cold_boot_ms"], out["create_ms_p50"]
@@ -99,7 +112,8 @@ def build_json(results: Results, plan: Plan, peer: dict, accel: str, run: dict) 
     out["ratios"] = ratios
     checks = {}
     for key, (op, limit) in TARGETS.items():
-        value = ratios["create_speedup_vs_cold_boot"] if key == "create_speedup" else out.get(key)
+        value = (ratios["create_speedup_vs_cold_boot"] if key == "create_speedup" else
+                 ratios[key] if key in ratios else out.get(key))
         met = None if value is None else (value <= limit if op == "<=" else value >= limit)
         if (key == "fork8_wall_ms" and plan.fork_small != 8) or (
                 key == "fork32_wall_ms" and plan.fork_big != 32):
@@ -156,16 +170,28 @@ ROWS = [
     Row("  largest arrival gap", "snapshot{big}_arrival_gap_ms", "ms"),
     Row("  snapshot call -> ready", "snapshot{big}_ready_ms", "ms"),
     Row("snapshot call -> ready", "snapshot_ready_ms", "ms", vs="peer",
-        peer_key="checkpoint_ms_p50"),
+        peer_key="checkpoint_ms_p50", target="snapshot_ready_speedup_vs_peer_checkpoint"),
     Row("  capture (server side, includes the pause)", "snapshot_capture_ms", "ms"),
     Row("snapshot stored (compressed)", "snapshot_stored_mib", "MiB"),
     Row("  size uncompressed (apparent)", "snapshot_size_mib", "MiB"),
     Row("restore -> first command done", "restore_ms", "ms", vs="cold+peer",
-        peer_key="restore_ms_p50"),
+        peer_key="restore_ms_p50", target="restore_speedup_vs_peer"),
+    Row("restore from S3 with an empty cache -> first command", "restore_empty_cache_ms", "ms",
+        vs="cold+peer", peer_key="restore_ms_p50"),
+    Row("  again on that server (cache warm)", "restore_warm_cache_ms", "ms"),
+    Row("next snapshot after 10 MiB of changes: stored", "incremental_stored_mib", "MiB",
+        target="incremental_stored_ratio"),
+    Row("  call -> ready", "incremental_ready_ms", "ms", target="incremental_ready_ms_p50",
+        vs="peer", peer_key="checkpoint_ms_p50"),
+    Row("  pause (server-side)", "incremental_pause_ms", "ms"),
+    Row("{incr} snapshots of one sandbox, stored / the first's", None, "x",
+        value_key="incremental_total_ratio", target="incremental_total_ratio"),
     Row("fork(1) -> child's first command done", "fork1_ms", "ms", target="fork1_ms_p50",
         vs="cold"),
     Row("fork({small}) wall -> all first commands done", "fork8_wall_ms", "ms",
         target="fork8_wall_ms", vs="peer", peer_key="fork8_wall_ms"),
+    Row("  parent paused per fork (server-side)", "fork_parent_pause_ms", "ms",
+        target="fork_parent_pause_ms_p50"),
     Row("fork({big_fork}) wall -> all first commands done", "fork32_wall_ms", "ms",
         target="fork32_wall_ms"),
     Row("fork({small}) child private guest RAM", "fork8_private_mib", "MiB",
@@ -192,7 +218,8 @@ def table_rows(report: dict, markup: bool = True) -> list[list[str]]:
     """The table's rows as text (`markup`: rich colour tags on met/missed)."""
     plan = report["plan"]
     fmt = {"big": plan["big_memory_mb"], "small": plan["fork_small"],
-           "big_fork": plan["fork_big"], "idle": plan["idle_count"]}
+           "big_fork": plan["fork_big"], "idle": plan["idle_count"],
+           "incr": plan.get("incremental_snapshots", 10)}
     series, targets, peer = report["series"], report["targets"], report["peer"]
     cold = report["cold_boot_ms"]
     peer_ok = "unavailable" not in peer

@@ -362,6 +362,8 @@ def step_fork(ctx: Ctx) -> None:
             t0 = time.monotonic()
             try:
                 r.s("fork1_call_ms").add(call_ms)
+                if kids.pause_ms is not None:
+                    r.s("fork_parent_pause_ms").add(kids.pause_ms)
                 _first_commands(kids)
                 r.s("fork1_ms").add(call_ms + ms_since(t0))
             finally:
@@ -399,6 +401,8 @@ def _fork_wall(ctx: Ctx, parent: Sandbox, count: int, name: str, measure_memory:
                 ctx.log(f"[yellow]{msg}[/]")
                 continue
             r.s(f"{name}_call_ms").add(ms_since(t0))
+            if kids.pause_ms is not None:
+                r.s("fork_parent_pause_ms").add(kids.pause_ms)
             _first_commands(kids)
             r.s(f"{name}_wall_ms").add(ms_since(t0))
             if measure_memory:  # memory of idle children

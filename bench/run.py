@@ -30,8 +30,12 @@ from _plan import make_plan  # noqa: E402
 from _report import REQUIRED, build_json, markdown, render  # noqa: E402
 from _server import IMAGES_DIR, BenchServer, qemu_pids  # noqa: E402
 from _steps import STEPS, Ctx, Results  # noqa: E402
+from _steps_store import step_incremental, step_store_restore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+_FORK = [name for name, _ in STEPS].index("fork")
+ALL_STEPS = [*STEPS[:_FORK], ("incremental snapshots", step_incremental), *STEPS[_FORK:],
+             ("restore from S3, empty cache", step_store_restore)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         ctx = Ctx(server=server, plan=plan, results=results, console=console)
-        for name, step in STEPS:
+        for name, step in ALL_STEPS:
             if name.startswith("snapshot of a bigger") and not plan.big_memory_mb:
                 continue
             ts = time.monotonic()
