@@ -345,7 +345,7 @@ def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):
     base = json.loads((conftest.IMAGES_DIR / "templates" / "base.json").read_text())
     shutil.copy(conftest.IMAGES_DIR / "templates" / "base.json", images / "templates")
     (images / "templates" / "e2b-other.json").write_text(json.dumps(base | {"name": "e2b-other"}))
-    srv = conftest._make_server(tmp_path, "e2b")
+    srv = conftest.make_server(tmp_path, "e2b")
     srv.extra_env["SANDLOT_IMAGES_DIR"] = str(images)
     srv.start()
     try:
@@ -361,4 +361,4 @@ def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):
         assert again.files.read("kept.txt") == "across restarts"
         again.kill()
     finally:
-        conftest._cleanup(srv)
+        conftest.cleanup(srv)

@@ -78,9 +78,9 @@ class LocalObjectStore(ObjectStore):
 
     @staticmethod
     def _put(path: Path, data: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -92,6 +92,7 @@ class LocalObjectStore(ObjectStore):
             finally:
                 os.close(fd)
         except OSError as e:
+            tmp.unlink(missing_ok=True)  # a full disk must not keep the partial write
             raise StorageError(f"writing {path}: {e.strerror or e}", cause=e) from e
 
     async def get(self, key: str) -> bytes:
