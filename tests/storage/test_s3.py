@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import resource
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from harness import gc_under_concurrent_uploads, rand, sparse_file
 from sandlot.errors import StorageError
 from sandlot.storage.chunks import chunk_key
 from sandlot.storage.gc import collect_garbage
@@ -38,22 +37,9 @@ def store_at(s3: S3Server, prefix: str) -> Store:
     return Store(open_store(s3.url(prefix)))
 
 
-def sparse(path: Path, size: int, data: dict[int, bytes]) -> Path:
-    with open(path, "wb") as f:
-        f.truncate(size)
-        for offset, chunk in data.items():
-            f.seek(offset)
-            f.write(chunk)
-    return path
-
-
-def rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
 async def test_a_second_client_reads_what_the_first_wrote(s3, tmp_path) -> None:
     first, second = store_at(s3, "t1"), store_at(s3, "t1")
-    src = sparse(tmp_path / "ram", 32 * MiB, {0: rand(3 * MiB, 1), 20 * MiB: rand(MiB, 2)})
+    src = sparse_file(tmp_path / "ram", 32 * MiB, {0: rand(3 * MiB, 1), 20 * MiB: rand(MiB, 2)})
     manifest, added = await first.put("snap-x", "snapshot", {"ram": Source(src)},
                                       {"machine_type": "pc-q35-7.2"}, {"k": "v"})
     assert added > 0 and await second.keys() == ["snap-x"]
@@ -89,7 +75,7 @@ async def test_big_files_stream_with_bounded_memory(s3, tmp_path) -> None:
 
 async def test_corrupt_and_deleted_chunks_are_typed_errors(s3, tmp_path) -> None:
     store = store_at(s3, "corrupt")
-    src = sparse(tmp_path / "ram", 4 * MiB, {0: rand(MiB, 3)})
+    src = sparse_file(tmp_path / "ram", 4 * MiB, {0: rand(MiB, 3)})
     manifest, _ = await store.put("s", "snapshot", {"ram": Source(src)}, {}, {})
     digests = sorted(manifest.digests)
     await store.objects.put(chunk_key(digests[0]), b"not zstd at all")
@@ -104,28 +90,7 @@ async def test_corrupt_and_deleted_chunks_are_typed_errors(s3, tmp_path) -> None
 
 
 async def test_gc_under_concurrent_uploads_loses_nothing(s3, tmp_path) -> None:
-    store = store_at(s3, "gc")
-    common = rand(MiB, 9)
-    files = [sparse(tmp_path / f"f{i}", 2 * MiB, {0: common, MiB: rand(512 << 10, 10 + i)})
-             for i in range(8)]
-    await store.put("doomed", "snapshot", {"f": Source(files[0])}, {}, {})
-    await store.delete("doomed")
-
-    async def uploads() -> None:
-        for i, f in enumerate(files):
-            await store.put(f"k{i}", "snapshot", {"f": Source(f)}, {}, {})
-
-    async def gcs() -> None:
-        for _ in range(10):
-            await collect_garbage(store, grace=0)
-
-    await asyncio.gather(uploads(), gcs())
-    for _ in range(2):
-        await collect_garbage(store, grace=0)
-    for i, f in enumerate(files):
-        out = tmp_path / f"out{i}"
-        await store.fetch(f"k{i}", {"f": out})
-        assert out.read_bytes() == f.read_bytes()
+    await gc_under_concurrent_uploads(store_at(s3, "gc"), tmp_path, count=8, mib=2, gcs=10)
 
 
 UPLOADER = """
@@ -140,7 +105,7 @@ asyncio.run(store.put("killed", "snapshot", {"f": Source(Path(sys.argv[2]))}, {}
 
 async def test_an_upload_killed_half_way_leaves_no_image_and_gc_cleans_up(s3, tmp_path) -> None:
     store = store_at(s3, "killed")
-    path = sparse(tmp_path / "f", 256 * MiB, {0: rand(128 * MiB, 11)})
+    path = sparse_file(tmp_path / "f", 256 * MiB, {0: rand(128 * MiB, 11)})
     proc = subprocess.Popen([sys.executable, "-c", UPLOADER, s3.url("killed"), str(path)],
                             env=os.environ.copy())
     deadline = time.monotonic() + 60

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-from pathlib import Path
 
 import pytest
 
+from harness import gc_under_concurrent_uploads, rand, sparse_file
 from sandlot.errors import NotFoundError, StorageError
 from sandlot.storage.gc import collect_garbage
 from sandlot.storage.manifest import Manifest
@@ -30,19 +29,6 @@ class Counting(LocalObjectStore):
         if key.startswith("chunks/"):
             self.gets += 1
         return await super().get(key)
-
-
-def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
-    with open(path, "wb") as f:
-        f.truncate(size)
-        for offset, chunk in data.items():
-            f.seek(offset)
-            f.write(chunk)
-    return path
-
-
-def rand(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
 
 
 @pytest.fixture
@@ -177,28 +163,7 @@ async def test_an_upload_takes_back_tombstoned_chunks(store: Store, tmp_path) ->
 
 
 async def test_gc_under_concurrent_uploads_loses_nothing(store: Store, tmp_path) -> None:
-    common = rand(2 * MiB, 9)
-    files = [sparse_file(tmp_path / f"f{i}", 4 * MiB, {0: common, 2 * MiB: rand(MiB, 10 + i)})
-             for i in range(12)]
-    await store.put("doomed", "snapshot", {"f": Source(files[0])}, {}, {})
-    await store.delete("doomed")
-
-    async def uploads() -> None:
-        for i, f in enumerate(files):
-            await store.put(f"k{i}", "snapshot", {"f": Source(f)}, {}, {})
-
-    async def gcs() -> None:
-        for _ in range(30):
-            await collect_garbage(store, grace=0)
-            await asyncio.sleep(0)
-
-    await asyncio.gather(uploads(), gcs())
-    await collect_garbage(store, grace=0)
-    await collect_garbage(store, grace=0)
-    for i, f in enumerate(files):
-        out = tmp_path / f"out{i}"
-        await store.fetch(f"k{i}", {"f": out})
-        assert out.read_bytes() == f.read_bytes()
+    await gc_under_concurrent_uploads(store, tmp_path, count=12, mib=4, gcs=30)
 
 
 async def test_template_index(store: Store) -> None:
