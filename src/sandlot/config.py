@@ -7,7 +7,8 @@ stored: ``s3://BUCKET/PREFIX``, with the standard AWS_* variables, or a director
 RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several servers can
 share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
-takes it; default 3600) and SANDLOT_GC_INTERVAL (seconds between GC runs; default 600).
+takes it; default 3600), SANDLOT_GC_INTERVAL (seconds between GC runs; default 600) and
+SANDLOT_CONFINE (on: each QEMU under its own uid, seccomp and a cgroup; off: as the server).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Settings:
     cache_mb: int = field(default_factory=lambda: _mem_total_mb() // 4)
     gc_grace: float = 3600.0
     gc_interval: float = 600.0
+    instance: str = ""  # SANDLOT_INSTANCE: several servers on one host (tests)
+    confine: bool = True  # each QEMU unprivileged, seccomp, in a cgroup (vmm/jail.py)
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -74,7 +77,10 @@ class Settings:
                    pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()),
                    cache_mb=_int_env("SANDLOT_CACHE_MB", _mem_total_mb() // 4),
                    gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)),
-                   gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0)
+                   gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0,
+                   instance=tag,
+                   confine=os.environ.get("SANDLOT_CONFINE", "on").lower()
+                   not in ("0", "off", "false", "no"))
 
     @property
     def images(self) -> Path:

@@ -50,11 +50,17 @@ class Lease:
 
 
 class HotCache:
-    def __init__(self, root: Path, max_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, max_bytes: int | None = None,
+                 share: Callable[[Path], None] | None = None) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self._share = share  # makes a ready entry's files usable by confined VMs
         self._leases: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        if share is not None and root.is_dir():
+            for entry in root.iterdir():
+                if (entry / _OK).exists():
+                    share(entry)
 
     def dir(self, key: str) -> Path:
         if "/" in key or key.startswith(".") or not key:
@@ -120,6 +126,8 @@ class HotCache:
         return self._hold(key)
 
     def mark_ready(self, key: str) -> None:
+        if self._share is not None:
+            self._share(self.dir(key))
         (self.dir(key) / _OK).touch()
 
     def _release(self, key: str) -> None:

@@ -7,6 +7,7 @@ outbound access at all). ``SANDLOT_DNS`` (comma-separated) overrides the upstrea
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -41,8 +42,10 @@ class Networking:
         owner = network_owner(os.environ.get("SANDLOT_INSTANCE", ""))
         return cls(NetworkManager(dns_servers=dns or None, pool=pool, owner=owner))
 
-    async def attach(self, vm_id: str, policy: NetworkPolicy) -> SandboxNetwork:
-        return await asyncio.to_thread(self.manager.setup, vm_id, policy)
+    async def attach(self, vm_id: str, policy: NetworkPolicy,
+                     tap_owner: int | None = None) -> SandboxNetwork:
+        return await asyncio.to_thread(functools.partial(
+            self.manager.setup, vm_id, policy, tap_owner=tap_owner))
 
     async def detach(self, vm_id: str) -> None:
         await asyncio.to_thread(self.manager.teardown, vm_id)

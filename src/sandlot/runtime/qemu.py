@@ -51,6 +51,15 @@ from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.disk import DiskChain
+from sandlot.vmm.jail import (
+    Jail,
+    Jails,
+    Limits,
+    ensure_traversable,
+    has_tools,
+    open_to_vms,
+    share_with_vms,
+)
 from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
 from sandlot.vmm.memory import PAGE
 from sandlot.vmm.network import NetworkPolicy
@@ -89,13 +98,29 @@ class QemuRuntime(Runtime):
         self.settings = settings
         self.accel = settings.accel
         self.network = network
-        self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20)
+        self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
+                           enabled=settings.confine and has_tools())
+        if self.jails.enabled:
+            settings.ensure()
+            self._vm_paths()
+            open_to_vms(settings.hot_dir)
+        self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20,
+                              share=share_with_vms if self.jails.enabled else None)
         self.store = ImageStore(settings)
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
         self._captures: dict[str, _Capture] = {}
         self._tasks: set[asyncio.Task] = set()
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
+
+    def _vm_paths(self) -> None:
+        """Confined VMs reach their disks and builds by path: keep the way there open (a
+        temporary parent directory may have been made private again meanwhile)."""
+        if self.jails.enabled:
+            for d in (self.settings.disks_dir, self.settings.images / "builds",
+                      self.settings.run_root):
+                ensure_traversable(d)
+                ensure_traversable(d.resolve())
 
     # ---- checks ---------------------------------------------------------------------------
 
@@ -153,17 +178,22 @@ class QemuRuntime(Runtime):
         machine: Machine | None = None
         net = None
         disks: DiskChain | None = None
+        jail: Jail | None = None
         connecting: asyncio.Task | None = None
         try:
             async with self._restore_slots:
                 lease = await self._hot(image)
                 hot = lease.files()
                 run_dir.mkdir(parents=True, exist_ok=True)
+                jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus))
+                self._vm_paths()
+                owner = jail.uid if jail is not None else None
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=hot["disk"],
-                                  size=(build / "rootfs.ext4").stat().st_size)
+                                  size=(build / "rootfs.ext4").stat().st_size, owner=owner)
                 if self.network is not None and plan.network is not None:
                     results = await asyncio.gather(disks.create(),
-                                                   self.network.attach(vm_id, plan.network),
+                                                   self.network.attach(vm_id, plan.network,
+                                                                       tap_owner=owner),
                                                    return_exceptions=True)
                     net = results[1] if not isinstance(results[1], BaseException) else None
                     for result in results:
@@ -176,10 +206,13 @@ class QemuRuntime(Runtime):
                     disk=disks.top, machine_type=image.machine.machine_type,
                     base_mb=image.machine.base_mb, cpus=image.machine.cpus, accel=self.accel,
                     ram_path=hot["ram"], ram_share=False,
-                    dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"))
+                    dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 if net is not None:
-                    spec = spec.with_(netdev=net.qemu_netdev()[-1],
-                                      exec_prefix=tuple(net.netns_exec_prefix()))
+                    spec = spec.with_(netdev=net.qemu_netdev()[-1])
+                    if jail is not None:
+                        spec = spec.with_(jail=replace(jail, netns=net.namespace))
+                    else:
+                        spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
                 extra_mb = plan.memory_mb - image.machine.memory_mb
                 configure = Configure(env=plan.env, generation=plan.generation,
                                       cpus=plan.cpus if plan.cpus != image.machine.cpus else None)
@@ -218,6 +251,7 @@ class QemuRuntime(Runtime):
             shutil.rmtree(run_dir, ignore_errors=True)
             if disks is not None:
                 disks.remove()
+            await asyncio.to_thread(self.jails.release, jail)
             if lease is not None:
                 lease.release()
             raise
@@ -230,14 +264,22 @@ class QemuRuntime(Runtime):
         rootfs = build_dir / "rootfs.ext4"
         run_dir = self.settings.run_root / vm_id
         shutil.rmtree(run_dir, ignore_errors=True)
+        jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus))
+        self._vm_paths()
         disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=rootfs,
-                          size=rootfs.stat().st_size, source_fmt="raw")
-        await disks.create()
+                          size=rootfs.stat().st_size, source_fmt="raw",
+                          owner=jail.uid if jail is not None else None)
         spec = MachineSpec(run_dir=run_dir, kernel=build_dir / "vmlinuz",
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
                            machine_type=qemu_info().default_q35, base_mb=plan.memory_mb,
-                           cpus=plan.cpus, accel=self.accel)
-        machine = await Machine.launch(spec)
+                           cpus=plan.cpus, accel=self.accel, jail=jail)
+        try:
+            await disks.create()
+            machine = await Machine.launch(spec)
+        except BaseException:
+            disks.remove()
+            await asyncio.to_thread(self.jails.release, jail)
+            raise
         try:
             agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
             await agent.configure(Configure(env=plan.env, generation=plan.generation,
@@ -247,6 +289,7 @@ class QemuRuntime(Runtime):
             await machine.kill()
             shutil.rmtree(run_dir, ignore_errors=True)
             disks.remove()
+            await asyncio.to_thread(self.jails.release, jail)
             if isinstance(e, GuestError):
                 raise VmmError(f"guest did not come up: {console}") from None
             raise
@@ -290,6 +333,7 @@ class QemuRuntime(Runtime):
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
         assert isinstance(vm, QemuVm)
         lease = self.cache.create(key, persistent)
+        self._vm_paths()
         try:
             async with vm.lock:
                 await self._compact(vm)
@@ -367,6 +411,7 @@ class QemuRuntime(Runtime):
                 await self.network.detach(vm.id)
         shutil.rmtree(vm.run_dir, ignore_errors=True)
         vm.disks.remove()
+        await asyncio.to_thread(self.jails.release, vm.machine.spec.jail)
         if vm.lease is not None:
             vm.lease.release()
 
@@ -408,6 +453,7 @@ class QemuRuntime(Runtime):
             for d in root.iterdir() if root.exists() else ():
                 if d.name not in adopted:
                     shutil.rmtree(d, ignore_errors=True)
+        await asyncio.to_thread(self.jails.recover, set(adopted))
         self.cache.prune(keep_images | {vm.image.key for vm in adopted.values()})
         return dict(adopted)
 
@@ -427,7 +473,7 @@ class QemuRuntime(Runtime):
             await agent.sync_clock()
             d = state["disks"]
             disks = await DiskChain.adopt(Path(d["dir"]), Path(d["source"]), int(d["size"]),
-                                          machine)
+                                          machine, spec.jail.uid if spec.jail else None)
         except (SandlotError, OSError, ValueError) as e:
             log.warning("cannot re-adopt %s: %s", vm_id, e)
             with contextlib.suppress(ProcessLookupError):

@@ -11,6 +11,7 @@ background (`compact`), so the chain is three layers again however many captures
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -88,7 +89,13 @@ class DiskChain:
     index: int = 0
     node: str = "disk0"  # QEMU's node name of `top`
     frozen: Path | None = None  # a layer a capture froze, until `compact` merges it
+    owner: int | None = None  # the VM's uid (vmm/jail.py): its overlays are its own
     _next: tuple[Path, str] | None = None
+
+    def _own(self, path: Path) -> None:
+        if self.owner is not None:
+            os.chown(path, self.owner, self.owner)
+            os.chmod(path, 0o700 if path.is_dir() else 0o600)
 
     @property
     def top(self) -> Path:
@@ -97,8 +104,10 @@ class DiskChain:
     async def create(self) -> Path:
         """The VM's first overlay, on its source's disk."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._own(self.dir)
         self.top.unlink(missing_ok=True)
         await create_overlay(self.top, self.source, self.source_fmt, self.size)
+        self._own(self.top)
         return self.top
 
     # ---- capture: open_next before the pause, stack_next in it -------------------------
@@ -110,6 +119,7 @@ class DiskChain:
         node = f"ov{self.index + 1}"
         await create_overlay(path, self.top, "qcow2", self.size)
         try:
+            self._own(path)
             await machine.execute("blockdev-add", {
                 "driver": "qcow2", "node-name": node, "backing": None,
                 "file": {"driver": "file", "filename": str(path), "aio": "threads"},
@@ -180,13 +190,14 @@ class DiskChain:
     # ---- persistence ----------------------------------------------------------------------
 
     @classmethod
-    async def adopt(cls, dir: Path, source: Path, size: int, machine) -> DiskChain:
+    async def adopt(cls, dir: Path, source: Path, size: int, machine,
+                    owner: int | None = None) -> DiskChain:
         """The chain of a VM an earlier server process left running, as QEMU has it (a
         capture may have stacked an overlay whose merge never ran)."""
         node, top, backing = await machine.top_disk()
         match = _TOP_NAME.search(top.name)
         chain = cls(dir=dir, source=source, size=size, index=int(match.group(1)) if match else 0,
-                    node=node)
+                    node=node, owner=owner)
         if backing and Path(backing) != source:
             chain.frozen = Path(backing)
         return chain

@@ -23,6 +23,8 @@ from qemu.qmp import QMPClient, QMPError
 
 from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
+from sandlot.vmm.jail import SECCOMP, Jail
+from sandlot.vmm.network import open_tap
 from sandlot.vmm.qemu import QEMU
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,8 @@ class MachineSpec:
     dimm_path: Path | None = None  # None: anonymous RAM
     incoming: bool = False
     netdev: str = NO_NETWORK
-    exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-...")
+    exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-..."); unconfined
+    jail: Jail | None = None  # its own uid, seccomp, namespace, cgroup (vmm/jail.py)
 
     def with_(self, **changes) -> MachineSpec:
         return replace(self, **changes)
@@ -89,6 +92,7 @@ class MachineSpec:
             if data.get(key) is not None:
                 data[key] = Path(data[key])
         data["exec_prefix"] = tuple(data.get("exec_prefix") or ())
+        data["jail"] = Jail.from_dict(data["jail"]) if data.get("jail") else None
         return cls(**data)
 
     def save(self) -> None:
@@ -115,7 +119,7 @@ class MachineSpec:
         mem = f"{self.base_mb}M"
         backend = self._backend("mem", self.base_mb, self.ram_path)
         cmd = [
-            *self.exec_prefix,
+            *(self.jail.prefix() if self.jail else self.exec_prefix),
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
             "-machine", f"{self.machine_type},memory-backend=mem,vmport=off,smbus=off,sata=off,"
             "usb=off",
@@ -147,6 +151,8 @@ class MachineSpec:
             "-pidfile", str(self.run_dir / "qemu.pid"),
             *self.dimm_args(),
         ]
+        if self.jail is not None:
+            cmd += ["-sandbox", SECCOMP]
         if self.incoming:
             cmd += ["-S", "-incoming", "defer"]
         return cmd
@@ -232,19 +238,28 @@ class Machine:
     async def launch(cls, spec: MachineSpec, timeout: float = 30.0) -> Machine:
         """Start QEMU and connect QMP; the VM runs unless `spec.incoming` (then it waits paused)."""
         spec.run_dir.mkdir(parents=True, exist_ok=True)
+        if spec.jail is not None:
+            spec.jail.own(spec.run_dir)  # QEMU writes its sockets, pid file and console here
         for sock in (spec.qmp_socket, spec.agent_socket):
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()
+        command, fds = spec.command(), []
+        if spec.jail is not None and spec.jail.netns and spec.netdev.startswith("tap,"):
+            # A confined QEMU may not open /dev/net/tun: it gets the opened tap.
+            fds.append(await asyncio.to_thread(open_tap, spec.jail.netns))
+            command = spec.with_(netdev=f"tap,id=net0,fd={fds[0]}").command()
         log_file = open(spec.run_dir / "qemu.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
-                *spec.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                stderr=log_file, start_new_session=True,
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                stderr=log_file, start_new_session=True, pass_fds=fds,
             )
         except OSError as e:
             raise VmmError(f"cannot start QEMU: {e}", cause=e) from e
         finally:
             log_file.close()
+            for fd in fds:
+                os.close(fd)
         machine = cls(spec, proc.pid, proc)
         try:
             await machine._connect_qmp(timeout)

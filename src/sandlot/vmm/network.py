@@ -185,6 +185,33 @@ def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
+_TUNSETIFF = 0x400454CA
+_IFF_TAP = 0x0002
+_IFF_NO_PI = 0x1000
+
+
+def open_tap(netns: str, name: str = TAP) -> int:
+    """Open the sandbox's tap (no packet info, no vnet header) inside its namespace, for a
+    QEMU that may not open /dev/net/tun itself (``-netdev tap,fd=N``)."""
+    import fcntl
+    import struct
+
+    def opener() -> int:
+        fd = os.open("/dev/net/tun", os.O_RDWR)
+        try:
+            fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", name.encode(),
+                                                     _IFF_TAP | _IFF_NO_PI))
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    try:
+        return run_in_netns(netns, opener)
+    except OSError as e:
+        raise SandboxError(f"cannot open the tap of {netns}: {e.strerror or e}") from e
+
+
 def _run(argv: list[str], script: str = "") -> str:
     return _run_all([(argv, script)])[0]
 
@@ -350,11 +377,12 @@ class NetworkManager:
         return self._nets.get(sandbox_id)
 
     def setup(self, sandbox_id: str, policy: NetworkPolicy = NetworkPolicy(), *,
-              guest_netns: str | None = None) -> SandboxNetwork:
+              guest_netns: str | None = None, tap_owner: int | None = None) -> SandboxNetwork:
         """Create the sandbox's namespace, veth, tap and rules.
 
         ``guest_netns`` replaces the tap with a veth whose other end, ``eth0``, is moved into
         that existing namespace, which then plays the guest (tests; no QEMU needed).
+        ``tap_owner``: the uid of a confined QEMU, which may then open the tap unprivileged.
         """
         _check_id(sandbox_id)
         egress = _resolve(policy)
@@ -380,7 +408,7 @@ class NetworkManager:
                 self._reserved.discard(slot)
                 raise
         try:
-            self._create(net, egress, guest_netns)
+            self._create(net, egress, guest_netns, tap_owner)
         except BaseException:
             try:
                 self._remove([(sandbox_id, slot)])
@@ -481,13 +509,15 @@ class NetworkManager:
             f"link set {veth} up",
         ]))
 
-    def _create(self, net: SandboxNetwork, egress: _Egress, guest_netns: str | None) -> None:
+    def _create(self, net: SandboxNetwork, egress: _Egress, guest_netns: str | None,
+                tap_owner: int | None = None) -> None:
         _write_sysctl("net/ipv4/ip_forward", "1")
         veth = net.host_veth
         _write_sysctl(f"net/ipv6/conf/{veth}/disable_ipv6", "1", missing_ok=True)
         _write_sysctl(f"net/ipv4/conf/{veth}/route_localnet", "0")
         if guest_netns is None:
-            guest_link = f"tuntap add {TAP} mode tap"
+            guest_link = f"tuntap add {TAP} mode tap" + (
+                f" user {tap_owner}" if tap_owner is not None else "")
         else:
             guest_link = f"link add {TAP} type veth peer name eth0 netns {guest_netns}"
         ns_ip = [

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     devstate = out_dir / "devstate"
+    # QEMU writes it where it may (its run dir: a confined QEMU cannot write the cache).
+    written = machine.spec.run_dir / f"devstate-{out_dir.name}"
     regions = _regions(machine)
     expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
     buffer = memory.PageBuffer(expected + MARGIN_PAGES)
@@ -90,7 +93,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
                 phases["disk"] = (time.monotonic() - t) * 1000
                 t = time.monotonic()
                 await machine.execute("xen-save-devices-state",
-                                      {"filename": str(devstate), "live": False})
+                                      {"filename": str(written), "live": False})
                 phases["devices"] = (time.monotonic() - t) * 1000
 
             async def ram() -> list[memory.Delta]:
@@ -115,6 +118,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
             resumed_at = time.monotonic()
             phases["cont"] = (resumed_at - t) * 1000
         t = time.monotonic()
+        await asyncio.to_thread(shutil.move, written, devstate)
         out = {}
         for delta in deltas:
             out[delta.region.name] = out_dir / ("ram" if delta.region.name == "ram"
@@ -122,6 +126,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
             await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
         phases["write"] = (time.monotonic() - t) * 1000
     except BaseException:
+        written.unlink(missing_ok=True)
         if not stacked:  # the machine stays on its disk: drop the overlay it did not take
             await disks.drop_next(machine)
         raise

@@ -1,0 +1,114 @@
+"""Each sandbox's QEMU is confined (vmm/jail.py), seen from outside as an operator would:
+its own unprivileged uid, no capabilities, QEMU's seccomp filter, a cgroup with its limits,
+files only it may write; and nothing of it left once the sandbox is gone."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+from sandlot import Sandbox
+from sandlot.vmm.jail import QEMU_OVERHEAD_MB, UID_BASE, UID_DIR, VM_GID
+
+
+def status(pid: int) -> dict[str, str]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def cgroups(pid: int) -> dict[str, str]:
+    """controller -> cgroup path of process `pid` (v1 lines, and '' for v2)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+def limit(pid: int, v1: tuple[str, str], v2: str) -> str:
+    groups = cgroups(pid)
+    if (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+        return (Path("/sys/fs/cgroup") / groups[""].lstrip("/") / v2).read_text().strip()
+    controller, name = v1
+    return (Path("/sys/fs/cgroup") / controller / groups[controller].lstrip("/")
+            / name).read_text().strip()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_qemu_runs_unprivileged_under_seccomp_in_a_cgroup(sandbox_factory, server):
+    sbx = sandbox_factory(memory_mb=1024, cpus=2)
+    other = sandbox_factory()
+    pid, other_pid = sbx.get_info().pid, other.get_info().pid
+    st = status(pid)
+    uid = int(st["Uid"].split()[0])
+    assert all(int(u) == uid for u in st["Uid"].split()) and uid >= UID_BASE
+    assert int(st["Gid"].split()[0]) != 0 and st["Groups"].split() == [str(VM_GID)]
+    assert st["CapEff"] == st["CapPrm"] == st["CapBnd"] == "0000000000000000"
+    assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
+    assert int(status(other_pid)["Uid"].split()[0]) not in (0, uid)  # a uid each
+
+    # Its limits: guest RAM plus QEMU's own, processes, and its vCPUs' worth of CPU.
+    assert int(limit(pid, ("memory", "memory.limit_in_bytes"), "memory.max")) == \
+        (1024 + QEMU_OVERHEAD_MB) << 20
+    assert int(limit(pid, ("pids", "pids.max"), "pids.max")) > 0
+    quota = limit(pid, ("cpu", "cpu.cfs_quota_us"), "cpu.max").split()[0]
+    assert int(quota) == 200_000
+
+    # Its files: its disk and run dir are its own and closed to others; image files in the
+    # hot cache are for VMs only.
+    disk = Path(next(p for p in Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+                     if "file.filename=" in p).split("file.filename=")[1].split(",")[0])
+    for path in (disk, disk.parent):
+        info = path.stat()
+        assert info.st_uid == uid and not info.st_mode & 0o077, path
+    ram = Path(next(p for p in Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+                    if "mem-path=" in p).split("mem-path=")[1].split(",")[0])
+    info = ram.stat()
+    assert info.st_gid == VM_GID and not info.st_mode & stat.S_IRWXO
+
+    # A guest busy on every CPU gets no more than its vCPUs' worth of host CPU.
+    sbx.commands.run("for i in 1 2 3 4; do timeout 4 sh -c 'while :; do :; done' & done",
+                     timeout=30)
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(3)
+    used = (cpu_seconds(pid) - before) / (time.monotonic() - t0)
+    assert used <= 2.0 * 1.15, f"{used:.2f} cores used by a 2-CPU sandbox"
+
+    sbx.kill()
+    assert not Path(f"/proc/{pid}").exists() or status(pid).get("State", "").startswith("Z")
+    deadline = time.monotonic() + 5
+    while (UID_DIR / str(uid)).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (UID_DIR / str(uid)).exists(), "its uid was not freed"
+    assert not disk.parent.exists()
+    assert other.commands.run("echo still here").stdout.strip() == "still here"
+
+
+def test_snapshot_fork_and_restore_of_a_confined_sandbox(sandbox_factory):
+    """Capture and restore work with QEMU unprivileged: the device state is written where
+    it may write, the next disk overlay is its own, children get uids of their own."""
+    sbx = sandbox_factory()
+    sbx.files.write("/root/mark", "confined")
+    snap = sbx.create_snapshot()
+    snap.wait(timeout=120)
+    result = sbx.fork(count=2)
+    kids = list(result)
+    uids = {int(status(s.get_info().pid)["Uid"].split()[0]) for s in [sbx, *kids]}
+    assert len(uids) == 3
+    restored = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=120)
+    try:
+        for s in [*kids, restored]:
+            assert s.files.read("/root/mark") == "confined"
+    finally:
+        for s in [*kids, restored]:
+            s.kill()
