@@ -15,7 +15,13 @@ describe("snapshots", { skip: noServer }, () => {
     sbx = cleanup.sandbox(await Sandbox.create({ env: { ORIGIN: "parent" }, timeoutMs: 900_000 }));
     await sbx.files.write("/root/state.txt", "checkpoint");
     // A process whose memory is part of the snapshot: a counter it keeps in RAM only.
-    await sbx.commands.start("python3 -c \"import time\nn=0\nwhile True:\n n+=1\n open('/tmp/n','w').write(str(n))\n time.sleep(0.05)\"");
+    await sbx.files.write(
+      "/root/counter.py",
+      // written then renamed, so a reader never sees it half written
+      "import os, time\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/n.new', 'w').write(str(n))\n    os.rename('/tmp/n.new', '/tmp/n')\n    time.sleep(0.05)\n",
+    );
+    await sbx.commands.start("python3 /root/counter.py");
+    await sbx.commands.run("while [ ! -s /tmp/n ]; do sleep 0.1; done", { timeoutMs: 60_000 });
   });
   after(() => cleanup.run());
 
