@@ -271,9 +271,12 @@ export class Sandbox {
   }
 
   /**
-   * Start snapshotting the sandbox (memory, CPU and device state, disk). The sandbox pauses for
-   * milliseconds and keeps running; the snapshot is returned at once in state `creating`
-   * ({@link Snapshot.wait} waits until it is `ready`).
+   * Snapshot the sandbox: memory, CPU and device state, disk. The sandbox pauses for
+   * milliseconds and keeps running. Resolves once its state is captured, so the snapshot holds
+   * the sandbox as it was at this call and nothing done after it; compressing and storing go on
+   * in the background (state `uploading`; {@link Snapshot.wait} waits until it is `ready`).
+   *
+   * @throws {SnapshotFailedError} if the capture fails.
    */
   async createSnapshot(options: { name?: string } = {}): Promise<Snapshot> {
     const data = await this.api.call<Schemas["SnapshotRecord"]>({
@@ -281,7 +284,21 @@ export class Sandbox {
       path: `/v1/sandboxes/${seg(this.sandboxId)}/snapshots`,
       json: { name: options.name ?? null } satisfies Schemas["SnapshotBody"],
     });
-    return new Snapshot(this.api, toSnapshotInfo(data));
+    const snap = new Snapshot(this.api, toSnapshotInfo(data));
+    // The server answers before the capture has begun (it runs in the background), so a
+    // command sent right after could land in the snapshot: wait until it is captured.
+    let delay = 10;
+    while (snap.state === "creating") {
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 200);
+      await snap.refresh();
+    }
+    if (snap.state === "failed" || snap.state === "deleted") {
+      throw new SnapshotFailedError(`snapshot ${snap.snapshotId} failed: ${snap.error ?? snap.state}`, {
+        snapshotId: snap.snapshotId,
+      });
+    }
+    return snap;
   }
 
   /** Alias of {@link Sandbox.createSnapshot}. */

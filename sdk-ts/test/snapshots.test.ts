@@ -25,11 +25,12 @@ describe("snapshots", { skip: noServer }, () => {
   });
   after(() => cleanup.run());
 
-  it("createSnapshot answers at once; wait() until ready; refresh()", async () => {
+  it("createSnapshot answers once captured; wait() until ready; refresh()", async () => {
     snap = cleanup.snapshot(await sbx.createSnapshot({ name: `ts-${tag}` }));
     assert.match(snap.snapshotId, /^snap-/);
     assert.equal(snap.name, `ts-${tag}`);
-    assert.ok(["creating", "uploading", "ready"].includes(snap.state));
+    assert.ok(["uploading", "ready"].includes(snap.state), snap.state);
+    assert.ok((snap.info.pauseMs ?? -1) >= 0);
     assert.equal(await snap.wait({ timeoutMs: 120_000 }), snap);
     assert.equal(snap.state, "ready");
     assert.ok(snap.info.readyAt instanceof Date);
@@ -63,6 +64,17 @@ describe("snapshots", { skip: noServer }, () => {
     assert.ok(b > a, "the in-memory counter kept running after the restore");
     assert.equal((await restored.commands.run("echo $ORIGIN")).stdout, "parent\n");
     await restored.kill();
+  });
+
+  it("what is done right after createSnapshot is not in the snapshot", async () => {
+    await sbx.files.write("/root/race.txt", "before");
+    const quick = cleanup.snapshot(await sbx.createSnapshot());
+    await sbx.commands.run("echo after > /root/race.txt");
+    await quick.wait();
+    const restored = cleanup.sandbox(await quick.restore());
+    assert.equal(await restored.files.read("/root/race.txt"), "before");
+    await restored.kill();
+    await quick.remove();
   });
 
   it("restoreWith overrides memory, env, metadata and timeout", async () => {
