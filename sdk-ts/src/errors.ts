@@ -140,7 +140,8 @@ export class CommandExitError extends SandlotError {
   }
 }
 
-type ErrorClass = new (message?: string, options?: { cause?: unknown; status?: number }) => SandlotError;
+/** The constructor of a class of the error tree. */
+export type ErrorClass = new (message?: string, options?: { cause?: unknown; status?: number }) => SandlotError;
 
 /** The classes the server names in an error body's `type`, by name. */
 export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({

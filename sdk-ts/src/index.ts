@@ -49,6 +49,7 @@ export {
   CommandTimeoutError,
   ConflictError,
   ERRORS,
+  type ErrorClass,
   GuestError,
   InvalidArgumentError,
   InvalidStateError,
