@@ -238,6 +238,27 @@ describe("requests", () => {
 describe("snapshot waits", () => {
   const snapshot = (state: string, error: string | null = null) => ({ snapshot_id: "snap-1", state, error });
 
+  it("createSnapshot resolves once the state is captured, or throws if the capture failed", async () => {
+    let gets = 0;
+    let final = snapshot("uploading");
+    const conn = stub((url, init) => {
+      if (url.pathname === "/v1/sandboxes/sb-1") return json(200, SANDBOX);
+      if (init.method === "POST") return json(201, snapshot("creating"));
+      gets++;
+      return json(200, gets < 3 ? snapshot("creating") : final);
+    });
+    const sbx = await Sandbox.connect("sb-1", conn);
+    const snap = await sbx.createSnapshot({ name: "n" });
+    assert.equal(snap.state, "uploading");
+    assert.equal(gets, 3);
+    assert.equal(JSON.parse(String(conn.calls[1].init.body)).name, "n");
+    gets = 0;
+    final = snapshot("failed", "capture failed: qemu died");
+    const error = await sbx.snapshot().catch((e) => e);
+    assert.ok(error instanceof SnapshotFailedError);
+    assert.match(error.message, /qemu died/);
+  });
+
   it("a snapshot that fails while waited on is a SnapshotFailedError", async () => {
     const conn = stub((url) =>
       url.pathname.endsWith("/wait") ? json(200, snapshot("failed", "disk full")) : json(200, snapshot("creating")),
@@ -325,5 +346,22 @@ describe("command streams", () => {
     const conn = stub((url) => (url.pathname.endsWith("/commands") ? ndjson({ type: "start", pid: 1 }) : json(200, SANDBOX)));
     const sbx = await Sandbox.connect("sb-1", conn);
     await assert.rejects(sbx.commands.run("x"), SandboxError);
+  });
+});
+
+describe("public surface", () => {
+  it("exports exactly the curated names, the same from import and require", async () => {
+    const esm = await import("sandlot");
+    const { createRequire } = await import("node:module");
+    const cjs = createRequire(import.meta.url)("sandlot");
+    const expected = [
+      "AuthenticationError", "BuildError", "CommandExitError", "CommandHandle", "CommandOutput",
+      "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
+      "GuestError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "Sandbox", "SandboxError",
+      "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
+      "Templates", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
+    ];
+    assert.deepEqual(Object.keys(esm).sort(), expected);
+    assert.deepEqual(Object.keys(cjs).sort(), expected);
   });
 });
