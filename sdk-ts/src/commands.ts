@@ -18,6 +18,10 @@ export interface StartOptions {
    * Kill the command's whole process group after this many ms (the server enforces it and the
    * SDK throws {@link CommandTimeoutError}). `0` or `null`: no limit. Default: 60 000 for
    * `run` and `stream`, none for `start`.
+   *
+   * Node's `fetch` gives up on an answer that sends nothing for 5 minutes, so following a
+   * command that prints nothing for that long fails with a {@link SandlotError} (the process
+   * keeps running; {@link Commands.connect} and `wait()` follow it again).
    */
   timeoutMs?: number | null;
   /** Extra environment variables. */
