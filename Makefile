@@ -1,9 +1,10 @@
-# sandlot: `make demo` runs the server with a snapshot/fork demo; `make test` runs the tests.
+# sandlot: `make demo` runs the server with a snapshot/fork demo; `make test` runs the tests
+# (Python and TypeScript; `make test-ts` only the TypeScript ones).
 SHELL := /bin/bash
 VENV := .venv/bin
 PORT ?= 7070
 
-.PHONY: setup demo serve test test-unit lint bench bench-quick clean
+.PHONY: setup demo serve test test-unit test-ts docs-ts lint bench bench-quick clean
 
 setup:
 	@scripts/setup.sh
@@ -19,6 +20,12 @@ test: setup
 
 test-unit: setup
 	$(VENV)/python -m pytest tests/unit -q
+
+test-ts: setup
+	$(VENV)/python -m pytest tests/ts -q -ra
+
+docs-ts: setup
+	cd sdk-ts && npm run --silent docs
 
 lint:
 	$(VENV)/ruff check src tests bench examples scripts

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: Debian packages, the virtualenv, and the base template. Run as root on
-# Debian 12. A second run installs nothing and rebuilds nothing.
+# Idempotent setup: Debian packages, the virtualenv, Node and the TypeScript packages, and the
+# base template. Run as root on Debian 12. A second run installs nothing and rebuilds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,27 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
   rm -f .stamps/pip-*; touch "$stamp"
+fi
+
+# Node from Debian's own packages (not another vendor's build that may already be on PATH), and
+# the TypeScript packages' dev dependencies from their lockfiles; stamped by the lockfiles' hash.
+debian_node() {
+  dpkg-query -W -f='${db:Status-Status} ${Maintainer}\n' nodejs npm 2>/dev/null |
+    awk '$1 == "installed" && /[Dd]ebian/ {n++} END {exit n != 2}'
+}
+if ! debian_node; then
+  echo "setup: installing Debian's nodejs and npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # Name Debian's version: another vendor's newer nodejs would otherwise stay.
+  node_version=$(apt-cache show nodejs | awk '/^Version:/ {v = $2} /^Maintainer:.*[Dd]ebian/ {print v; exit}')
+  apt-get install -y -qq --allow-downgrades "nodejs=$node_version" npm >/dev/null
+fi
+stamp=".stamps/npm-$(cat sdk-ts/package-lock.json tests/ts/e2b-js/package-lock.json | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ ! -d sdk-ts/node_modules ] || [ ! -d tests/ts/e2b-js/node_modules ]; then
+  (cd sdk-ts && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build >/dev/null)
+  (cd tests/ts/e2b-js && npm ci --no-audit --no-fund --loglevel=error)
+  rm -f .stamps/npm-*; touch "$stamp"
 fi
 
 # Content-hash cached: returns at once when the base template is up to date.

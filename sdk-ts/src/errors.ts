@@ -1,0 +1,213 @@
+/**
+ * sandlot's error tree, the same as the Python SDK's (`sandlot.errors`):
+ *
+ * ```text
+ * SandlotError                      connection failures too (the cause is kept)
+ * ├── InvalidArgumentError   400    bad input: the caller's fault, retrying won't help
+ * ├── AuthenticationError    401    missing or wrong API key
+ * ├── NotFoundError          404    unknown sandbox, snapshot, template, process or path
+ * ├── ConflictError          409    a name already taken
+ * ├── InvalidStateError      409    the object is not in a state that allows the call
+ * ├── CommandTimeoutError    504    a command ran past its timeout and was killed
+ * ├── SandboxError           502    the sandbox failed (guest agent or VMM)
+ * │   ├── GuestError                the in-guest agent failed or went away
+ * │   ├── VmmError                  QEMU failed to start, load or answer
+ * │   └── SnapshotFailedError       a snapshot being waited on ended failed or deleted
+ * ├── StorageError           500    snapshot data missing, corrupt, or not writable
+ * ├── BuildError             500    a template build step failed
+ * ├── CommandExitError              `check: true` and the command exited non-zero
+ * └── WaitTimeoutError              a client-side wait (e.g. `Snapshot.wait`) ran out of time
+ * ```
+ *
+ * The server answers every error with `{"error": {"type", "message"}}`; the SDK throws the
+ * class named by `type` (see {@link errorFromPayload}).
+ *
+ * @module
+ */
+
+import type { CommandResult } from "./models.js";
+
+/** Root of every error the SDK throws. `status` is the HTTP status the server answered with. */
+export class SandlotError extends Error {
+  /** The HTTP status of the answer, or of the class when the error came from elsewhere. */
+  status: number;
+
+  constructor(message = "", options?: { cause?: unknown; status?: number }) {
+    super(message, options?.cause !== undefined ? { cause: options.cause } : undefined);
+    this.name = new.target.name;
+    this.status = options?.status ?? (new.target as unknown as { defaultStatus: number }).defaultStatus;
+  }
+
+  /** The status a class stands for when no HTTP answer says otherwise. */
+  static defaultStatus = 500;
+}
+
+/** Bad input: the caller's fault; retrying won't help. */
+export class InvalidArgumentError extends SandlotError {
+  static override defaultStatus = 400;
+}
+
+/** A missing or wrong API key. */
+export class AuthenticationError extends SandlotError {
+  static override defaultStatus = 401;
+}
+
+/** An unknown sandbox, snapshot, template, process or path. */
+export class NotFoundError extends SandlotError {
+  static override defaultStatus = 404;
+}
+
+/** A name already taken. */
+export class ConflictError extends SandlotError {
+  static override defaultStatus = 409;
+}
+
+/** The object is not in a state that allows the call (e.g. resuming a running sandbox). */
+export class InvalidStateError extends SandlotError {
+  static override defaultStatus = 409;
+}
+
+/** A command ran past its timeout; the server killed its whole process group. */
+export class CommandTimeoutError extends SandlotError {
+  static override defaultStatus = 504;
+}
+
+/** The sandbox failed: its guest agent or its VMM. */
+export class SandboxError extends SandlotError {
+  static override defaultStatus = 502;
+}
+
+/** The in-guest agent failed or went away. */
+export class GuestError extends SandboxError {}
+
+/** QEMU failed to start, load or answer. */
+export class VmmError extends SandboxError {}
+
+/** Snapshot data missing, corrupt, or not writable. */
+export class StorageError extends SandlotError {
+  static override defaultStatus = 500;
+}
+
+/** A template build step failed. */
+export class BuildError extends SandlotError {
+  static override defaultStatus = 500;
+}
+
+/** A snapshot that was being waited on ended in state `failed` or `deleted`. */
+export class SnapshotFailedError extends SandboxError {
+  /** The snapshot's id. */
+  readonly snapshotId: string | undefined;
+
+  constructor(message = "", options?: { snapshotId?: string; cause?: unknown }) {
+    super(message, options);
+    this.snapshotId = options?.snapshotId;
+  }
+}
+
+/** A client-side wait ran past its timeout; the server-side operation may still finish. */
+export class WaitTimeoutError extends SandlotError {
+  static override defaultStatus = 504;
+}
+
+/** A command run with `check: true` exited with a non-zero code. */
+export class CommandExitError extends SandlotError {
+  /** The command's whole result. */
+  readonly result: CommandResult;
+
+  constructor(result: CommandResult, cmd = "") {
+    const tail = result.stderr.trim().split("\n").slice(-1)[0];
+    let message = cmd
+      ? `command ${JSON.stringify(cmd)} exited with code ${result.exitCode}`
+      : `command exited with code ${result.exitCode}`;
+    if (tail) message += `: ${tail}`;
+    super(message);
+    this.result = result;
+  }
+
+  /** The command's exit code. */
+  get exitCode(): number {
+    return this.result.exitCode;
+  }
+
+  /** Everything the command wrote to stdout. */
+  get stdout(): string {
+    return this.result.stdout;
+  }
+
+  /** Everything the command wrote to stderr. */
+  get stderr(): string {
+    return this.result.stderr;
+  }
+}
+
+/** The constructor of a class of the error tree. */
+export type ErrorClass = new (message?: string, options?: { cause?: unknown; status?: number }) => SandlotError;
+
+/** The classes the server names in an error body's `type`, by name. */
+export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
+  SandlotError,
+  InvalidArgumentError,
+  AuthenticationError,
+  NotFoundError,
+  ConflictError,
+  InvalidStateError,
+  CommandTimeoutError,
+  SandboxError,
+  GuestError,
+  VmmError,
+  StorageError,
+  BuildError,
+  SnapshotFailedError: SnapshotFailedError as unknown as ErrorClass,
+  WaitTimeoutError,
+});
+
+const STATUS_FALLBACK: Record<number, ErrorClass> = {
+  400: InvalidArgumentError,
+  401: AuthenticationError,
+  403: AuthenticationError,
+  404: NotFoundError,
+  409: ConflictError,
+  422: InvalidArgumentError,
+  500: SandlotError,
+  502: SandboxError,
+  504: CommandTimeoutError,
+};
+
+/**
+ * Build the error class named by an error body's `{"type", "message"}` (a server's `error`
+ * object, or one in a command stream or fork answer). An unknown `type` falls back to the class
+ * of the HTTP `status`, then to {@link SandlotError}.
+ */
+export function errorFromPayload(payload: unknown, status?: number): SandlotError {
+  const body = (payload && typeof payload === "object" ? payload : {}) as Record<string, unknown>;
+  const type = typeof body.type === "string" ? body.type : undefined;
+  const message = String(body.message || type || "unknown error");
+  const cls =
+    (type !== undefined && Object.prototype.hasOwnProperty.call(ERRORS, type) ? ERRORS[type] : undefined) ??
+    (status !== undefined ? STATUS_FALLBACK[status] : undefined) ??
+    SandlotError;
+  return new cls(message, status !== undefined ? { status } : undefined);
+}
+
+/** Turn an HTTP error answer (status and body text) into the sandlot error it names. */
+export function errorFromResponse(status: number, text: string, hasKey = true): SandlotError {
+  let payload: unknown;
+  try {
+    payload = JSON.parse(text);
+  } catch {
+    payload = undefined;
+  }
+  let error: SandlotError;
+  const inner = (payload as { error?: unknown } | undefined)?.error;
+  if (inner && typeof inner === "object") {
+    error = errorFromPayload(inner, status);
+  } else {
+    const cls = STATUS_FALLBACK[status] ?? SandlotError;
+    const snippet = text.trim().slice(0, 200);
+    error = new cls(`HTTP ${status}${snippet ? `: ${snippet}` : ""}`, { status });
+  }
+  if (error instanceof AuthenticationError && !hasKey) {
+    error.message += " (no API key: pass apiKey or set SANDLOT_API_KEY)";
+  }
+  return error;
+}

@@ -1,0 +1,233 @@
+/**
+ * The data objects the SDK returns, in camelCase, converted from the REST types generated from
+ * openapi.yaml (`src/generated/openapi.ts`). Unknown fields are ignored, so a newer server can
+ * add fields without breaking older clients.
+ *
+ * @module
+ */
+
+import type { components } from "./generated/openapi.js";
+
+/** The wire shapes of the REST API, generated from openapi.yaml. */
+export type Schemas = components["schemas"];
+
+/** `starting`, `running`, `paused` (its whole state kept; `resume` brings it back), `stopped` or `failed`. */
+export type SandboxState = Schemas["SandboxState"];
+
+/** `creating` -> `uploading` -> `ready`, or `failed` (see `error`) or `deleted`. */
+export type SnapshotState = Schemas["SnapshotState"];
+
+/** Egress rules of a sandbox, enforced outside the guest. */
+export interface NetworkRules {
+  /** Destinations (CIDRs or host names) the sandbox may reach; everything else is denied. */
+  allowOut?: string[];
+  /** Destinations the sandbox may not reach. */
+  denyOut?: string[];
+}
+
+/** A sandbox as the server describes it. */
+export interface SandboxInfo {
+  sandboxId: string;
+  state: SandboxState;
+  /** The template it descends from. */
+  template: string | null;
+  /** The snapshot it was restored from, if any. */
+  snapshotId: string | null;
+  /** The parent of a fork child. */
+  forkedFrom: string | null;
+  memoryMb: number;
+  cpus: number;
+  env: Record<string, string>;
+  metadata: Record<string, string>;
+  createdAt: Date | null;
+  /** When the sandbox will be killed unless its timeout is extended. */
+  expiresAt: Date | null;
+  /** Its lifetime in seconds, as last set. */
+  timeout: number | null;
+  internet: boolean;
+  network: NetworkRules | null;
+  generation: string | null;
+  /** The QEMU process id on the server host. */
+  pid: number | null;
+  /** Why the sandbox failed, if it did. */
+  error: string | null;
+}
+
+/** A snapshot as the server describes it. */
+export interface SnapshotInfo {
+  snapshotId: string;
+  name: string | null;
+  state: SnapshotState;
+  /** Why the snapshot failed, if it did. */
+  error: string | null;
+  /** The sandbox it was taken from. */
+  sandboxId: string | null;
+  template: string | null;
+  memoryMb: number | null;
+  cpus: number | null;
+  createdAt: Date | null;
+  readyAt: Date | null;
+  /** The snapshot's whole logical size (RAM, device state, disk layer). */
+  sizeBytes: number | null;
+  /** What it added to the store (compressed chunks no other image held). */
+  storedBytes: number | null;
+  /** How long the sandbox was stopped for the capture. */
+  pauseMs: number | null;
+  captureMs: number | null;
+}
+
+/** A built template on the server. */
+export interface TemplateInfo {
+  name: string;
+  hash: string;
+  memoryMb: number;
+  cpus: number;
+  env: Record<string, string>;
+  workdir: string | null;
+  builtAt: Date | null;
+}
+
+/** A process started by a command. */
+export interface ProcessInfo {
+  pid: number;
+  cmd: string;
+  user: string;
+  running: boolean;
+  exitCode: number | null;
+  /** Seconds since the epoch, as the guest saw it. */
+  startedAt: number;
+}
+
+/** A file system entry in a sandbox. */
+export interface EntryInfo {
+  name: string;
+  path: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  mode: number;
+  owner: string;
+  /** Seconds since the epoch. */
+  mtime: number;
+  /** Where a symlink points. */
+  target: string | null;
+}
+
+/** The outcome of a finished command. */
+export interface CommandResult {
+  stdout: string;
+  stderr: string;
+  /** The exit code; 128 + N for a command killed by signal N. */
+  exitCode: number;
+  /** `exitCode === 0`. */
+  ok: boolean;
+}
+
+/** One piece of a command's output, as the async iterables yield it. */
+export interface OutputChunk {
+  stream: "stdout" | "stderr";
+  data: string;
+}
+
+/** The server's `/health` answer. */
+export interface Health {
+  status: string;
+  version?: string;
+  pool?: Record<string, Record<string, number>>;
+  [key: string]: unknown;
+}
+
+function date(value: string | null | undefined): Date | null {
+  return value ? new Date(value) : null;
+}
+
+function network(value: Schemas["NetworkSpec"] | null | undefined): NetworkRules | null {
+  if (!value) return null;
+  return { allowOut: value.allow_out ?? [], denyOut: value.deny_out ?? [] };
+}
+
+/** @internal */
+export function toSandboxInfo(raw: Schemas["SandboxRecord"]): SandboxInfo {
+  return {
+    sandboxId: raw.sandbox_id,
+    state: raw.state ?? "running",
+    template: raw.template ?? null,
+    snapshotId: raw.snapshot_id ?? null,
+    forkedFrom: raw.forked_from ?? null,
+    memoryMb: raw.memory_mb,
+    cpus: raw.cpus,
+    env: raw.env ?? {},
+    metadata: raw.metadata ?? {},
+    createdAt: date(raw.created_at),
+    expiresAt: date(raw.expires_at),
+    timeout: raw.timeout ?? null,
+    internet: raw.internet ?? true,
+    network: network(raw.network),
+    generation: raw.generation || null,
+    pid: raw.pid ?? null,
+    error: raw.error ?? null,
+  };
+}
+
+/** @internal */
+export function toSnapshotInfo(raw: Schemas["SnapshotRecord"]): SnapshotInfo {
+  return {
+    snapshotId: raw.snapshot_id,
+    name: raw.name ?? null,
+    state: raw.state ?? "creating",
+    error: raw.error ?? null,
+    sandboxId: raw.sandbox_id ?? null,
+    template: raw.template ?? null,
+    memoryMb: raw.memory_mb ?? null,
+    cpus: raw.cpus ?? null,
+    createdAt: date(raw.created_at),
+    readyAt: date(raw.ready_at),
+    sizeBytes: raw.size_bytes ?? null,
+    storedBytes: raw.stored_bytes ?? null,
+    pauseMs: raw.pause_ms ?? null,
+    captureMs: raw.capture_ms ?? null,
+  };
+}
+
+/** @internal */
+export function toTemplateInfo(raw: Schemas["TemplateInfo"]): TemplateInfo {
+  return {
+    name: raw.name,
+    hash: raw.hash,
+    memoryMb: raw.memory_mb,
+    cpus: raw.cpus,
+    env: raw.env ?? {},
+    workdir: raw.workdir ?? null,
+    builtAt: date(raw.built_at),
+  };
+}
+
+/** @internal */
+export function toProcessInfo(raw: Schemas["ProcessInfo"]): ProcessInfo {
+  return {
+    pid: raw.pid,
+    cmd: raw.cmd,
+    user: raw.user,
+    running: raw.running,
+    exitCode: raw.exit_code ?? null,
+    startedAt: raw.started_at,
+  };
+}
+
+/** @internal */
+export function toEntryInfo(raw: Schemas["FileInfo"]): EntryInfo {
+  return {
+    name: raw.name,
+    path: raw.path,
+    type: raw.type as EntryInfo["type"],
+    size: raw.size,
+    mode: raw.mode,
+    owner: raw.owner,
+    mtime: raw.mtime,
+    target: raw.target ?? null,
+  };
+}
+
+/** @internal */
+export function commandResult(stdout: string, stderr: string, exitCode: number): CommandResult {
+  return { stdout, stderr, exitCode, ok: exitCode === 0 };
+}
