@@ -40,6 +40,20 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(3)}"
 
 
+def test_what_follows_the_snapshot_call_is_not_in_it(box, reap):
+    """The call returns at once, but the snapshot is of the sandbox as it was when asked:
+    a command and a file write sent right after it run once it is captured."""
+    sbx, _ = box
+    sbx.files.write("/root/before.txt", "kept")
+    snap = sbx.create_snapshot()
+    sbx.commands.run("rm /root/before.txt", check=True)
+    sbx.files.write("/root/after.txt", "not in the snapshot")
+    snap.wait(timeout=120)
+    restored = reap(snap.restore())
+    assert restored.files.read("/root/before.txt") == "kept"
+    assert not restored.files.exists("/root/after.txt")
+
+
 def test_create_snapshot_returns_at_once_and_the_sandbox_keeps_running(box):
     sbx, answer = box
     sbx.files.write("/root/state.txt", "at-snapshot")

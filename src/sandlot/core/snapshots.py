@@ -190,13 +190,18 @@ class SnapshotManager:
         return rec
 
     def start(self, live: LiveSandbox, rec: SnapshotRecord) -> None:
-        """Capture and store `rec` in the background; `wait` for it."""
+        """Capture and store `rec` in the background; `wait` for it. What the sandbox is
+        asked to do after this call waits until the capture is done (`LiveSandbox.guest`)."""
+        live.capture_asked()
+
         async def job() -> None:
             try:
                 async with live.lock:
                     captured = await self.capture(live, rec)
             except Exception:  # noqa: BLE001 - recorded on the snapshot as `failed`
                 return
+            finally:
+                live.capture_done()
             try:
                 await self.upload(rec, captured)
             except Exception:  # noqa: BLE001 - recorded on the snapshot as `failed`

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -33,6 +35,9 @@ class MetadataStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f, 0o600)  # env and metadata of every sandbox: the server's only
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -102,6 +102,7 @@ class QemuRuntime(Runtime):
                            enabled=settings.confine and has_tools())
         if self.jails.enabled:
             settings.ensure()
+            os.chmod(settings.data_dir, 0o711)  # VMs pass through to their disks; no listing
             self._vm_paths()
             open_to_vms(settings.hot_dir)
         self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20,

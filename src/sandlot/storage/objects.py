@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -69,6 +70,10 @@ class LocalObjectStore(ObjectStore):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = str(root)
+        with contextlib.suppress(OSError):  # snapshots' contents: the server's only
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if root.stat().st_uid == os.geteuid():
+                os.chmod(root, 0o700)
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
