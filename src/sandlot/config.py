@@ -8,6 +8,8 @@ RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several
 share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
 takes it; default 3600) and SANDLOT_GC_INTERVAL (seconds between GC runs; default 600).
+The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
+SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,34 @@ def _int_env(name: str, default: int) -> int:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one request may carry, checked at the edge (core/limits.py) with a 400 (413 for
+    bodies). The defaults keep every agent request well inside its 1 MiB frame header
+    (guest/wire.py) and every argument inside Linux's 128 KiB per-string exec limit."""
+
+    body_bytes: int = 8 << 20  # a JSON request body (file uploads are streamed, not bounded)
+    command_bytes: int = (128 << 10) - 1  # a command line (bash -c's argument: MAX_ARG_STRLEN)
+    env_bytes: int = 256 << 10  # all keys and values of one env map
+    env_value_bytes: int = (128 << 10) - 1  # one env value
+    env_keys: int = 1024
+    stdin_bytes: int = 1 << 20  # a command's stdin given at its start, or one stdin write
+    path_bytes: int = 4096  # a path, a cwd
+    metadata_keys: int = 64
+    metadata_key_bytes: int = 256
+    metadata_value_bytes: int = 4096
+    metadata_bytes: int = 32 << 10  # all keys and values
+    ports: int = 64  # ports exposed per sandbox
+    list_depth: int = 32  # files.list depth
+    list_entries: int = 5000  # entries one files.list answers
+    egress_rules: int = 256  # allow_out plus deny_out entries
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(**{name: _int_env(f"SANDLOT_MAX_{name.upper()}", default)
+                      for name, default in vars(cls()).items()})
+
+
+@dataclass(frozen=True)
 class Settings:
     """Paths and defaults. `images_dir` may be shared by several data dirs (tests do this)."""
 
@@ -58,6 +88,10 @@ class Settings:
     cache_mb: int = field(default_factory=lambda: _mem_total_mb() // 4)
     gc_grace: float = 3600.0
     gc_interval: float = 600.0
+    # s a command may run past its timeout before the host ends its request itself (a guest
+    # too busy to enforce the timeout, or to answer at all)
+    command_grace: float = 5.0
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -74,7 +108,8 @@ class Settings:
                    pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()),
                    cache_mb=_int_env("SANDLOT_CACHE_MB", _mem_total_mb() // 4),
                    gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)),
-                   gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0)
+                   gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0,
+                   limits=Limits.from_env())
 
     @property
     def images(self) -> Path:

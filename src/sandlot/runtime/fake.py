@@ -316,7 +316,8 @@ class FakeGuest:
             path = posixpath.dirname(path)
         return created
 
-    async def list_dir(self, path: str, depth: int = 1) -> list[FileEntry]:
+    async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
+                       ) -> list[FileEntry]:
         self._check()
         if path not in self.state.dirs:
             self._entry(path)
@@ -327,6 +328,9 @@ class FakeGuest:
             rest = p[len(prefix):] if p.startswith(prefix) else None
             if rest and rest.count("/") < depth:
                 out.append(self._entry(p))
+                if max_entries is not None and len(out) > max_entries:
+                    raise InvalidArgumentError(f"listing too large: more than {max_entries} "
+                                               "entries")
         return out
 
     async def stat(self, path: str) -> FileEntry:
