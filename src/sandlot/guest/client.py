@@ -278,6 +278,9 @@ class AgentClient:
                 last = e
                 await client.close()
                 attempt_timeout = min(attempt_timeout * 2, 16.0)
+            except BaseException:  # e.g. a configure too large to send: no session is left
+                await client.close()
+                raise
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
     async def _handshake(self, timeout: float, configure: Configure | None) -> None:
