@@ -9,7 +9,8 @@ share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPL
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
 takes it; default 3600) and SANDLOT_GC_INTERVAL (seconds between GC runs; default 600).
 The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
-SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them.
+SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
+seconds past a command's timeout before the server ends it if the guest has not (default 5).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Settings:
                    cache_mb=_int_env("SANDLOT_CACHE_MB", _mem_total_mb() // 4),
                    gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)),
                    gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0,
+                   command_grace=float(_int_env("SANDLOT_COMMAND_GRACE", 5)) or 5.0,
                    limits=Limits.from_env())
 
     @property
