@@ -61,6 +61,7 @@ class Limits:
     metadata_value_bytes: int = 4096
     metadata_bytes: int = 32 << 10  # all keys and values
     ports: int = 64  # ports exposed per sandbox
+    streams: int = 128  # command outputs and file reads streamed from one sandbox at once
     list_depth: int = 32  # files.list depth
     list_entries: int = 5000  # entries one files.list answers
     egress_rules: int = 256  # allow_out plus deny_out entries

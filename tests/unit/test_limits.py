@@ -219,3 +219,26 @@ async def test_a_failed_claim_kills_the_pooled_vm(tmp_path, error) -> None:
         with pytest.raises(type(error)):
             await runtime.claim(image, plan)
     assert killed == [vm]
+
+
+@pytest.mark.parametrize("api", [{"limits": Limits(streams=2)}], indirect=True)
+async def test_open_streams_are_bounded_per_sandbox(api) -> None:
+    sid, other = await sandbox(api), await sandbox(api)
+    url = f"/v1/sandboxes/{sid}/commands"
+    await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}, content=b"data")
+    running = [asyncio.create_task(api.post(url, json={"cmd": "sleep 1"})) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    r = await api.post(url, json={"cmd": "true"})
+    refused(r, 409, "InvalidStateError", "2 streams open")
+    refused(await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}), 409,
+            "InvalidStateError", "SANDLOT_MAX_STREAMS")
+    r = await api.post(f"/v1/sandboxes/{other}/commands", json={"cmd": "echo other"})
+    assert r.status_code == 200 and "other" in r.text
+    assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
+    for _ in range(3):  # every stream closed gives its slot back
+        assert (await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
+                ).content == b"data"
+        assert (await api.post(url, json={"cmd": "true"})).status_code == 200
+    _, chunks = await api.srv.core.files.read(sid, "/tmp/f")  # opened, never read
+    del chunks
+    assert api.srv.core.sandboxes.live[sid].streams == 0

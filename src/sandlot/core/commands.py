@@ -55,6 +55,7 @@ class Commands:
         """
         self._check(req)
         live = self.live_of(sandbox_id)
+        live.open_stream(self.limits.streams)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.timeout + self.grace if req.timeout else None
         pid: int | None = None
@@ -93,6 +94,7 @@ class Commands:
                 f"{self.grace:g}s more: the sandbox is unresponsive (it can still be killed)"
             ) from None
         finally:
+            live.close_stream()
             if events is not None:
                 with contextlib.suppress(Exception):
                     await events.aclose()
@@ -127,14 +129,19 @@ class Commands:
 
     async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
         """A process's buffered output, its live output, then its end."""
-        guest = await self.live_of(sandbox_id).guest()
-        async for event in guest.attach(pid, replay=True):
-            if isinstance(event, Exited):
-                if event.timed_out:
-                    raise CommandTimeoutError(f"process {pid} timed out and was killed")
-                yield Exited(_exit_code(event.exit_code), False)
-            else:
-                yield event
+        live = self.live_of(sandbox_id)
+        live.open_stream(self.limits.streams)
+        try:
+            guest = await live.guest()
+            async for event in guest.attach(pid, replay=True):
+                if isinstance(event, Exited):
+                    if event.timed_out:
+                        raise CommandTimeoutError(f"process {pid} timed out and was killed")
+                    yield Exited(_exit_code(event.exit_code), False)
+                else:
+                    yield event
+        finally:
+            live.close_stream()
 
     async def list(self, sandbox_id: str, all: bool = False) -> list[ProcessInfo]:
         """Processes commands started (running ones, or `all`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
@@ -30,7 +31,34 @@ class Files:
 
     async def read(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
         """Open a file for streaming: (size, chunks). Errors raise before any byte."""
-        return await (await self._guest(sandbox_id, path)).read(path)
+        guest = await self._guest(sandbox_id, path)
+        live = self.live_of(sandbox_id)
+        live.open_stream(self.limits.streams)
+        try:
+            size, chunks = await guest.read(path)
+        except BaseException:
+            live.close_stream()
+            raise
+
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                live.close_stream()
+
+        async def counted() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                release()
+                await chunks.aclose()
+
+        stream = counted()
+        weakref.finalize(stream, release)  # a response never sent never starts it
+        return size, stream
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
                     user: str | None = None) -> FileInfo:

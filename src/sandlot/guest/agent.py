@@ -323,6 +323,7 @@ class Agent:
         self.uploads.clear()
         for credits in list(self.reads.values()):  # the reader of the old session is gone
             credits.give(-1)
+        self.reads.clear()
         return {
             "hello": {"proto": PROTO_VERSION, "caps": CAPS, "nonce": h.get("nonce")},
             "generation": self.generation,
