@@ -48,7 +48,8 @@ async def test_create_refuses_env_the_guest_cannot_take(api) -> None:
     cases = [({"A": "x" * MiB}, "limit"), ({"A\0": "1"}, "not a valid variable name"),
              ({"1A": "1"}, "not a valid variable name"), ({"A": "1\0"}, "NUL"),
              ({"A-B": "1"}, "not a valid variable name"),
-             ({f"K{i}": "x" * 1000 for i in range(300)}, "the limit is")]
+             ({f"K{i}": "x" * 1000 for i in range(300)}, "the limit is"),
+             ({"A": "\x01" * 100_000}, "the limit is 262144")]  # 600 KB as JSON
     for env, says in cases:
         refused(await api.post("/v1/sandboxes", json={"env": env}), says=says)
         refused(await api.post("/v1/snapshots/any/restore", json={"env": env}), says=says)

@@ -71,6 +71,37 @@ def test_inputs_over_the_limits_start_no_vm_and_reach_no_guest(own_server):
         api.delete(f"/v1/sandboxes/{sid}")
 
 
+@pytest.mark.parametrize("pool", ["0", "1"])
+def test_a_create_that_fails_after_its_vm_started_leaves_no_vm(server_factory, pool):
+    """With the edge limits raised, an env too large for the agent's frame is refused only
+    when it is sent, once a VM runs (a restore, or a claim from the warm pool): that VM must
+    go with the request."""
+    srv = server_factory(SANDLOT_POOL_SIZE=pool, SANDLOT_MAX_ENV_BYTES=str(8 * MiB),
+                         SANDLOT_MAX_BODY_BYTES=str(16 * MiB))
+    api = http(srv)
+
+    def settled() -> set[int]:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pools = api.get("/health").json()["pool"]
+            pids = set(qemu_pids(srv.run_root))
+            if all(p["ready"] == p["size"] for p in pools.values()) and \
+                    len(pids) == int(pool):
+                return pids
+            time.sleep(0.5)
+        raise AssertionError(f"the pool did not settle: {api.get('/health').json()}")
+
+    before = settled()
+    env = {f"K{i}": "x" * 100_000 for i in range(15)}  # 1.5 MB: over the agent's frame
+    for _ in range(3):
+        refused(api.post("/v1/sandboxes", json={"env": env}), says="too large")
+    after = settled()
+    assert len(after) == len(before), (before, after)  # a claimed VM is replaced, not kept
+    assert api.get("/v1/sandboxes").json()["sandboxes"] == []
+    if pool == "1":
+        assert api.get("/health").json()["pool"]["base"]["claimed"] >= 1
+
+
 def test_a_guest_too_busy_to_answer_cannot_hold_a_command(server, sandbox_factory):
     bomb, other = sandbox_factory(), sandbox_factory()
     idle = min(_took(lambda: other.commands.run("true")) for _ in range(3))

@@ -7,6 +7,7 @@ before a VM is touched.
 
 from __future__ import annotations
 
+import json
 import re
 
 from sandlot.config import Limits
@@ -33,7 +34,8 @@ def check_text(what: str, text: str, limit: int) -> None:
 
 def check_env(limits: Limits, env: dict[str, str] | None, what: str = "env") -> None:
     """Names a shell accepts (letters, digits, _; not starting with a digit), values with no
-    NUL byte, and the whole map within its limits."""
+    NUL byte, and the whole map within its limits: its size is counted as the agent is sent
+    it (JSON, where a control character takes six bytes)."""
     if not env:
         return
     if len(env) > limits.env_keys:
@@ -46,7 +48,7 @@ def check_env(limits: Limits, env: dict[str, str] | None, what: str = "env") -> 
                 f"{what}: {key[:64]!r} is not a valid variable name (letters, digits and _, "
                 "not starting with a digit)")
         check_text(f"{what}[{key}]", value, limits.env_value_bytes)
-        total += len(key) + _size(value)
+        total += len(key) + len(json.dumps(value)) + 4
     if total > limits.env_bytes:
         raise InvalidArgumentError(f"{what} is {total} bytes; the limit is {limits.env_bytes}")
 
