@@ -243,3 +243,18 @@ async def test_open_streams_are_bounded_per_sandbox(api) -> None:
     _, chunks = await api.srv.core.files.read(sid, "/tmp/f")  # opened, never read
     del chunks
     assert api.srv.core.sandboxes.live[sid].streams == 0
+
+
+@pytest.mark.parametrize("api", [{"command_grace": 0.2}], indirect=True)
+async def test_a_slow_reader_of_a_command_that_ended_in_time_gets_no_timeout(api) -> None:
+    from sandlot.core.commands import Exited, Output
+    from sandlot.core.models import ExecRequest
+
+    sid = await sandbox(api)
+    events = api.srv.core.commands.run(sid, ExecRequest(cmd="echo a; echo b", timeout=0.5))
+    await anext(events)
+    await asyncio.sleep(1.5)  # the reader comes back well past timeout + grace
+    rest = [e async for e in events]
+    assert [e.data for e in rest if isinstance(e, Output)] == [b"a\n", b"b\n"]
+    assert rest[-1] == Exited(0, False)
+    assert api.srv.core.sandboxes.get(sid).error is None

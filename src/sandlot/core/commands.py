@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sandlot.config import Limits
 from sandlot.core.limits import check_command, check_stdin
@@ -24,9 +24,45 @@ from sandlot.runtime.base import ExecEvent, Exited, Output, Started
 __all__ = ["Commands", "ExecEvent", "Exited", "Output", "Started"]
 
 log = logging.getLogger(__name__)
-# s the host keeps passing on output already on its way after the deadline; then it stops
+# Past the deadline, output already on its way is still passed on: each event within this
+# many s, and at most this many s of waiting for them in all.
+PAST_DEADLINE_WAIT = 1.0
 DRAIN_AFTER_DEADLINE = 30.0
 KILL_TIMEOUT = 5.0  # s the host waits for the agent to confirm a kill it sends at the deadline
+
+
+class _Deadline:
+    """The host's deadline for a command (its timeout plus the grace), on the waits for the
+    guest only: a client that reads slowly pulls events late, and those already queued are
+    its own. Past the deadline (a reader that came back late), each next event must come
+    within PAST_DEADLINE_WAIT, and all such waits within DRAIN_AFTER_DEADLINE."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.at = self.loop.time() + seconds if seconds else None
+        self.waited_past = 0.0
+
+    def left(self) -> float | None:
+        if self.at is None:
+            return None
+        now = self.loop.time()
+        if now < self.at:
+            return self.at - now
+        budget = DRAIN_AFTER_DEADLINE - self.waited_past
+        if budget <= 0:
+            raise TimeoutError
+        return min(PAST_DEADLINE_WAIT, budget)
+
+    async def wait(self, make: Callable[[], Awaitable]):
+        """What `make()` awaits, or TimeoutError when the deadline passes while the guest is
+        silent."""
+        start = self.loop.time()
+        left = self.left()
+        try:
+            return await asyncio.wait_for(make(), left)
+        finally:
+            if self.at is not None:
+                self.waited_past += max(0.0, self.loop.time() - max(start, self.at))
 
 
 def _exit_code(code: int | None) -> int:
@@ -56,20 +92,17 @@ class Commands:
         self._check(req)
         live = self.live_of(sandbox_id)
         live.open_stream(self.limits.streams)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + req.timeout + self.grace if req.timeout else None
+        deadline = _Deadline(req.timeout + self.grace if req.timeout else None)
         pid: int | None = None
         events: AsyncIterator[ExecEvent] | None = None
         try:
-            left = self._left(deadline)
-            guest = await asyncio.wait_for(live.guest(), left)
+            guest = await deadline.wait(live.guest)
             events = guest.exec(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
                                 user=req.user, timeout=req.timeout,
                                 stdin=req.stdin.encode() if req.stdin is not None else None)
             while True:
-                left = self._left(deadline)
                 try:
-                    event = await asyncio.wait_for(anext(events), left)
+                    event = await deadline.wait(lambda: anext(events))
                 except StopAsyncIteration:
                     return
                 if isinstance(event, Started):
@@ -98,18 +131,6 @@ class Commands:
             if events is not None:
                 with contextlib.suppress(Exception):
                     await events.aclose()
-
-    @staticmethod
-    def _left(deadline: float | None) -> float | None:
-        """How long the next wait may take: until the host's deadline; past it, only for
-        what arrives at once (output already on its way), for DRAIN_AFTER_DEADLINE more.
-        A slow reader pulls late, so the deadline bounds the waits, not the consumer."""
-        if deadline is None:
-            return None
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= -DRAIN_AFTER_DEADLINE:
-            raise TimeoutError
-        return max(remaining, 1.0)
 
     @staticmethod
     async def _kill_quietly(live: LiveSandbox, pid: int) -> None:
