@@ -19,6 +19,7 @@ from sandlot.errors import (
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
+    PayloadTooLargeError,
     SandboxError,
     SandlotError,
     StorageError,
@@ -98,6 +99,7 @@ __all__ = [
     # errors
     "SandlotError",
     "InvalidArgumentError",
+    "PayloadTooLargeError",
     "AuthenticationError",
     "NotFoundError",
     "ConflictError",

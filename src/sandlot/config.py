@@ -7,8 +7,11 @@ stored: ``s3://BUCKET/PREFIX``, with the standard AWS_* variables, or a director
 RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several servers can
 share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
-takes it; default 3600), SANDLOT_GC_INTERVAL (seconds between GC runs; default 600) and
+takes it; default 3600), SANDLOT_GC_INTERVAL (seconds between GC runs; default 600),
 SANDLOT_CONFINE (on: each QEMU under its own uid, seccomp and a cgroup; off: as the server).
+The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
+SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
+seconds past a command's timeout before the server ends it if the guest has not (default 5).
 """
 
 from __future__ import annotations
@@ -42,6 +45,35 @@ def _int_env(name: str, default: int) -> int:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one request may carry, checked at the edge (core/limits.py) with a 400 (413 for
+    bodies). The defaults keep every agent request well inside its 1 MiB frame header
+    (guest/wire.py) and every argument inside Linux's 128 KiB per-string exec limit."""
+
+    body_bytes: int = 8 << 20  # a JSON request body (file uploads are streamed, not bounded)
+    command_bytes: int = (128 << 10) - 1  # a command line (bash -c's argument: MAX_ARG_STRLEN)
+    env_bytes: int = 256 << 10  # all keys and values of one env map
+    env_value_bytes: int = (128 << 10) - 1  # one env value
+    env_keys: int = 1024
+    stdin_bytes: int = 1 << 20  # a command's stdin given at its start, or one stdin write
+    path_bytes: int = 4096  # a path, a cwd
+    metadata_keys: int = 64
+    metadata_key_bytes: int = 256
+    metadata_value_bytes: int = 4096
+    metadata_bytes: int = 32 << 10  # all keys and values
+    ports: int = 64  # ports exposed per sandbox
+    streams: int = 128  # command outputs and file reads streamed from one sandbox at once
+    list_depth: int = 32  # files.list depth
+    list_entries: int = 5000  # entries one files.list answers
+    egress_rules: int = 256  # allow_out plus deny_out entries
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(**{name: _int_env(f"SANDLOT_MAX_{name.upper()}", default)
+                      for name, default in vars(cls()).items()})
+
+
+@dataclass(frozen=True)
 class Settings:
     """Paths and defaults. `images_dir` may be shared by several data dirs (tests do this)."""
 
@@ -61,6 +93,10 @@ class Settings:
     gc_interval: float = 600.0
     instance: str = ""  # SANDLOT_INSTANCE: several servers on one host (tests)
     confine: bool = True  # each QEMU unprivileged, seccomp, in a cgroup (vmm/jail.py)
+    # seconds a command may run past its timeout before the host ends its request itself (a guest
+    # too busy to enforce the timeout, or to answer at all)
+    command_grace: float = 5.0
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -80,7 +116,9 @@ class Settings:
                    gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0,
                    instance=tag,
                    confine=os.environ.get("SANDLOT_CONFINE", "on").lower()
-                   not in ("0", "off", "false", "no"))
+                   not in ("0", "off", "false", "no"),
+                   command_grace=float(_int_env("SANDLOT_COMMAND_GRACE", 5)) or 5.0,
+                   limits=Limits.from_env())
 
     @property
     def images(self) -> Path:

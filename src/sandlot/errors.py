@@ -2,6 +2,7 @@
 
     SandlotError
     ├── InvalidArgumentError   400  bad input: caller's fault, retrying won't help
+    │   └── PayloadTooLargeError  413  a request body over the server's limit
     ├── AuthenticationError    401  missing or wrong API key
     ├── NotFoundError          404  unknown sandbox, snapshot, template, process or path
     ├── ConflictError          409  a name already taken
@@ -34,6 +35,12 @@ class SandlotError(Exception):
 
 class InvalidArgumentError(SandlotError):
     status = 400
+
+
+class PayloadTooLargeError(InvalidArgumentError):
+    """A request body larger than the server accepts (`SANDLOT_MAX_BODY_BYTES`)."""
+
+    status = 413
 
 
 class AuthenticationError(SandlotError):
@@ -89,8 +96,8 @@ class BuildError(SandlotError):
 ERRORS: dict[str, type[SandlotError]] = {
     cls.__name__: cls
     for cls in (
-        SandlotError, InvalidArgumentError, AuthenticationError, NotFoundError, ConflictError,
-        InvalidStateError, CommandTimeoutError, SandboxError, GuestError, VmmError,
-        StorageError, BuildError,
+        SandlotError, InvalidArgumentError, PayloadTooLargeError, AuthenticationError,
+        NotFoundError, ConflictError, InvalidStateError, CommandTimeoutError, SandboxError,
+        GuestError, VmmError, StorageError, BuildError,
     )
 }

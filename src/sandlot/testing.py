@@ -140,8 +140,9 @@ def remove_networks(instance: str) -> None:
 
 def fake_settings(root: Path, **overrides) -> Settings:
     """Settings whose every path is under `root`, with no warm pool."""
+    overrides = {"pool_size": 0, **overrides}
     return Settings(data_dir=root / "data", images_dir=root / "images", run_root=root / "run",
-                    shm_root=root / "shm", accel="tcg", pool_size=0, **overrides)
+                    shm_root=root / "shm", accel="tcg", **overrides)
 
 
 def install_fake_template(settings: Settings, runtime, name: str = "base",

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
+from sandlot.config import Limits
+from sandlot.core.limits import check_path, check_user
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import FileInfo, MkdirResult
 from sandlot.errors import InvalidArgumentError
-
-
-def check_path(path: str) -> None:
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        raise InvalidArgumentError(f"path must be absolute, got {path!r}")
 
 
 def _info(entry) -> FileInfo:
@@ -20,25 +18,66 @@ def _info(entry) -> FileInfo:
 
 
 class Files:
-    def __init__(self, live_of: Callable[[str], LiveSandbox]) -> None:
+    def __init__(self, live_of: Callable[[str], LiveSandbox], limits: Limits | None = None
+                 ) -> None:
         self.live_of = live_of  # a running sandbox by id, or NotFoundError
+        self.limits = limits or Limits()
 
-    async def _guest(self, sandbox_id: str, *paths: str):
+    async def _guest(self, sandbox_id: str, *paths: str, user: str | None = None):
         for path in paths:
-            check_path(path)
+            check_path(self.limits, path)
+        check_user(user)
         return await self.live_of(sandbox_id).guest()
 
     async def read(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
         """Open a file for streaming: (size, chunks). Errors raise before any byte."""
-        return await (await self._guest(sandbox_id, path)).read(path)
+        guest = await self._guest(sandbox_id, path)
+        live = self.live_of(sandbox_id)
+        live.open_stream(self.limits.streams)
+        try:
+            size, chunks = await guest.read(path)
+        except BaseException:
+            live.close_stream()
+            raise
+
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                live.close_stream()
+
+        async def counted() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                release()
+                await chunks.aclose()
+
+        stream = counted()
+        weakref.finalize(stream, release)  # a response never sent never starts it
+        return size, stream
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
                     user: str | None = None) -> FileInfo:
-        return _info(await (await self._guest(sandbox_id, path)).write(path, chunks, user=user))
+        guest = await self._guest(sandbox_id, path, user=user)
+        return _info(await guest.write(path, chunks, user=user))
 
     async def list(self, sandbox_id: str, path: str, depth: int = 1) -> list[FileInfo]:
+        """Entries under `path`, `depth` levels down (at most `limits.list_depth`); a listing
+        of more than `limits.list_entries` entries is refused (InvalidArgumentError)."""
+        if not 1 <= depth <= self.limits.list_depth:
+            raise InvalidArgumentError(
+                f"depth must be between 1 and {self.limits.list_depth}, got {depth}")
         guest = await self._guest(sandbox_id, path)
-        return [_info(e) for e in await guest.list_dir(path, depth)]
+        entries = await guest.list_dir(path, depth, max_entries=self.limits.list_entries)
+        if len(entries) > self.limits.list_entries:  # an agent that does not know the limit
+            raise InvalidArgumentError(
+                f"{path} holds more than {self.limits.list_entries} entries at depth {depth}; "
+                "list a subdirectory or a smaller depth")
+        return [_info(e) for e in entries]
 
     async def stat(self, sandbox_id: str, path: str) -> FileInfo:
         return _info(await (await self._guest(sandbox_id, path)).stat(path))
@@ -50,7 +89,8 @@ class Files:
         await (await self._guest(sandbox_id, path)).remove(path)
 
     async def mkdir(self, sandbox_id: str, path: str, user: str | None = None) -> MkdirResult:
-        created, entry = await (await self._guest(sandbox_id, path)).mkdir(path, user=user)
+        guest = await self._guest(sandbox_id, path, user=user)
+        created, entry = await guest.mkdir(path, user=user)
         return MkdirResult(created=created, **asdict(entry))
 
     async def rename(self, sandbox_id: str, src: str, dst: str) -> FileInfo:

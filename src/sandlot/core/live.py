@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from sandlot.core.models import SandboxRecord
+from sandlot.errors import InvalidStateError
 from sandlot.runtime.base import Guest, Vm
 
 
@@ -23,6 +24,9 @@ class LiveSandbox:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _captures: int = 0
     _settled: asyncio.Event = field(default_factory=_settled)
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # guest port -> host's
+    ports_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    streams: int = 0  # command outputs and file reads being streamed from it now
 
     @property
     def sandbox_id(self) -> str:
@@ -42,3 +46,24 @@ class LiveSandbox:
     async def guest(self) -> Guest:
         await self._settled.wait()
         return await self.vm.guest()
+
+    def open_stream(self, limit: int) -> None:
+        """Count a stream (a command followed, a file read); at most `limit` at once, since
+        each holds a bounded buffer in the server."""
+        if self.streams >= limit:
+            raise InvalidStateError(
+                f"sandbox {self.sandbox_id} has {self.streams} streams open (commands followed, "
+                "files being read), the limit (SANDLOT_MAX_STREAMS); finish or close some")
+        self.streams += 1
+
+    def close_stream(self) -> None:
+        self.streams -= 1
+
+    def mark_unresponsive(self, reason: str) -> None:
+        """The guest did not answer in time (e.g. too busy to end a command at its timeout):
+        shown as the record's `error` until it answers again. It can still be killed."""
+        self.record.error = f"unresponsive: {reason}"
+
+    def mark_responsive(self) -> None:
+        if self.record.error and self.record.error.startswith("unresponsive: "):
+            self.record.error = None

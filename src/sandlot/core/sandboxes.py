@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sandlot.config import Settings
+from sandlot.core.limits import check_egress, check_env, check_metadata
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
     CreateSandbox,
@@ -134,6 +135,7 @@ class SandboxManager:
         """A new sandbox from a template or a snapshot (a restore either way, never a boot)."""
         if req.template and req.snapshot_id:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
+        self.check_request(req)
         source = await self.resolve_source(req)
         rec = self._new_record(source, req)
         vm = await self.runtime.claim(source.image, plan_of(rec))
@@ -144,6 +146,14 @@ class SandboxManager:
             return rec
         await self._start(rec, source)
         return rec
+
+    def check_request(self, req: CreateSandbox) -> None:
+        """The caller's env, metadata and egress rules are within the limits."""
+        limits = self.settings.limits
+        check_env(limits, req.env)
+        check_metadata(limits, req.metadata)
+        if req.network is not None:
+            check_egress(limits, req.network.allow_out, req.network.deny_out)
 
     def _new_record(self, source: Source, req: CreateSandbox,
                     sandbox_id: str | None = None) -> SandboxRecord:
@@ -249,11 +259,22 @@ class SandboxManager:
         """A host address and port that reach `port` inside the sandbox."""
         if not 1 <= port <= 65535:
             raise InvalidArgumentError("port must be between 1 and 65535")
-        return await self.runtime.expose(self.get_live(sandbox_id).vm, port)
+        live = self.get_live(sandbox_id)
+        async with live.ports_lock:  # one listener per port; at most `limits.ports` of them
+            exposed = live.ports.get(port)
+            if exposed is None:
+                if len(live.ports) >= self.settings.limits.ports:
+                    raise InvalidArgumentError(
+                        f"sandbox {sandbox_id} already exposes {len(live.ports)} ports, the "
+                        "limit (SANDLOT_MAX_PORTS)")
+                exposed = live.ports[port] = await self.runtime.expose(live.vm, port)
+        return exposed
 
     async def set_network(self, sandbox_id: str, internet: bool | None,
                           network: NetworkSpec | None) -> SandboxRecord:
         """Change a running sandbox's egress rules (applied outside the guest, atomically)."""
+        if network is not None:
+            check_egress(self.settings.limits, network.allow_out, network.deny_out)
         live = self.get_live(sandbox_id)
         rec = live.record.model_copy()
         if internet is not None:

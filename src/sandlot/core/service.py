@@ -38,8 +38,9 @@ class Core:
         self.snapshots = SnapshotManager(self.db, runtime)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
                                         self.snapshots)
-        self.commands = Commands(self.sandboxes.get_live)
-        self.files = Files(self.sandboxes.get_live)
+        self.commands = Commands(self.sandboxes.get_live, settings.limits,
+                                 settings.command_grace)
+        self.files = Files(self.sandboxes.get_live, settings.limits)
         self._reaper: asyncio.Task | None = None
         self._background: list[asyncio.Task] = []
 

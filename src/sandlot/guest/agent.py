@@ -14,6 +14,7 @@ import fcntl
 import gc
 import glob
 import grp
+import json
 import os
 import pwd
 import select
@@ -28,17 +29,23 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol import OPS, PROTO_VERSION  # noqa: E402
-from wire import CHUNK_SIZE, FrameDecoder, encode  # noqa: E402
+from wire import CHUNK_SIZE, MAX_HEADER, FrameDecoder, FrameError, encode  # noqa: E402
 
 PORT_NAME = "org.sandlot.agent"
-CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit"]
+CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit",
+        "list_limit", "output_credit"]
 # A `read` with `window` sends at most that many data chunks ahead of the host's `credit`
-# frames, so a slow consumer of one file holds back that file only, not the whole link.
+# frames, so a slow consumer of one file holds back that file only, not the whole link; an
+# `exec` or `attach` with `window` does the same for a process's output (its pipe fills and
+# the process waits, as it would writing to a slow terminal).
 CREDIT_TIMEOUT = 120.0  # s without credit: the host is gone; stop reading
 # Why: output of a process nobody listens to (background, or host away) is kept for a later
 # attach, but never more than this per process; the oldest chunks are dropped first.
 MAX_BUFFERED_OUTPUT = 8 << 20
 MAX_FINISHED = 256
+# Why: a `list` answer is one frame header (at most MAX_HEADER): stop walking well before it.
+MAX_LIST_ENTRIES = 100000
+LIST_REPLY_BYTES = MAX_HEADER - (64 << 10)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/run/sandlot"
 
@@ -134,6 +141,8 @@ class Proc:
         self.timed_out = False
         self.done = False
         self.subscribers: set[int] = set()
+        self.credits: dict[int, ReadCredits] = {}  # subscribers that asked for a window
+        self.waiting = 0  # output pumps waiting for a subscriber's credit
         self.lock = threading.Lock()
 
     def emit(self, stream: str, data: bytes) -> None:
@@ -143,9 +152,37 @@ class Proc:
             while self.buffered > MAX_BUFFERED_OUTPUT and self.chunks:
                 self.buffered -= len(self.chunks.pop(0)[1])
                 self.truncated = True
-            subs = list(self.subscribers)
-        for rid in subs:
-            self.agent.chan.send({"id": rid, "event": stream}, data)
+            subs = [(rid, self.credits.get(rid)) for rid in self.subscribers]
+        for rid, credits in subs:
+            self.send(rid, credits, stream, data)
+
+    def send(self, rid: int, credits: ReadCredits | None, stream: str, data: bytes) -> bool:
+        """One output event to one subscriber, after its credit if it has a window (the
+        calling pump, and so the process's pipe, waits for it)."""
+        if credits is not None:
+            with self.lock:
+                self.waiting += 1
+            try:
+                ok = credits.take()
+            finally:
+                with self.lock:
+                    self.waiting -= 1
+            if not ok:
+                self.unsubscribe(rid, credits)
+                return False
+        self.agent.chan.send({"id": rid, "event": stream}, data)
+        return True
+
+    def unsubscribe(self, rid: int, credits: ReadCredits) -> None:
+        with self.lock:
+            if rid not in self.subscribers:
+                return
+            self.subscribers.discard(rid)
+            self.credits.pop(rid, None)
+        self.agent.reads.pop(rid, None)
+        if not credits.cancelled:  # the host went quiet rather than said it stopped
+            self.agent.reply_error(rid, "internal", "output not consumed for "
+                                   f"{CREDIT_TIMEOUT:.0f}s; the stream was dropped")
 
     def finish(self, exit_code: int) -> None:
         with self.lock:
@@ -153,21 +190,27 @@ class Proc:
             self.done = True
             subs = list(self.subscribers)
             self.subscribers.clear()
+            self.credits.clear()
         for rid in subs:
+            self.agent.reads.pop(rid, None)
             self.agent.chan.send({"id": rid, "event": "exit", **self.result()})
 
     def result(self) -> dict:
         return {"exit_code": self.exit_code, "timed_out": self.timed_out, "pid": self.pid}
 
-    def subscribe(self, rid: int, replay: bool) -> None:
+    def subscribe(self, rid: int, replay: bool, credits: ReadCredits | None = None) -> None:
         with self.lock:
             chunks = list(self.chunks) if replay else []
             done = self.done
             if not done:
                 self.subscribers.add(rid)
+                if credits is not None:
+                    self.credits[rid] = credits
         for stream, data in chunks:
-            self.agent.chan.send({"id": rid, "event": stream}, data)
+            if not self.send(rid, credits, stream, data):
+                return
         if done:
+            self.agent.reads.pop(rid, None)
             self.agent.chan.send({"id": rid, "event": "exit", **self.result()})
 
     def info(self) -> dict:
@@ -261,7 +304,10 @@ class Agent:
             self.reply_error(rid, "internal", f"{type(e).__name__}: {e}")
         else:
             if result is not None:
-                self.chan.send({"id": rid, "ok": True, **result})
+                try:
+                    self.chan.send({"id": rid, "ok": True, **result})
+                except FrameError:  # an answer too large for a frame: say so, don't go silent
+                    self.reply_error(rid, "invalid", "the answer is too large for one frame")
 
     def reply_error(self, rid: int, kind: str, message: str) -> None:
         self.chan.send({"id": rid, "error": {"type": kind, "message": message[:4000]}})
@@ -273,9 +319,11 @@ class Agent:
             for proc in self.procs.values():
                 with proc.lock:
                     proc.subscribers.clear()
+                    proc.credits.clear()
         self.uploads.clear()
         for credits in list(self.reads.values()):  # the reader of the old session is gone
             credits.give(-1)
+        self.reads.clear()
         return {
             "hello": {"proto": PROTO_VERSION, "caps": CAPS, "nonce": h.get("nonce")},
             "generation": self.generation,
@@ -370,6 +418,9 @@ class Agent:
                 self.trim_finished()
         if h.get("stream", True):
             proc.subscribers.add(rid)
+            window = int(h.get("window") or 0)
+            if window > 0:
+                proc.credits[rid] = self.reads[rid] = ReadCredits(window)
         self.chan.send({"id": rid, "ok": True, "pid": proc.pid, "event": "start"})
         readers = [POOL.submit(pump, popen.stdout, proc, "stdout"),
                    POOL.submit(pump, popen.stderr, proc, "stderr")]
@@ -384,8 +435,12 @@ class Agent:
             proc.timed_out = True
             kill_group(proc.pid, signal.SIGKILL)
             code = popen.wait()
-        # A backgrounded grandchild may hold the pipes open: don't wait for it.
-        concurrent.futures.wait(readers, timeout=0.2)
+        # A backgrounded grandchild may hold the pipes open: don't wait for it; but do wait
+        # for output that only waits for the host's credit (it comes before the exit).
+        while True:
+            _, pending = concurrent.futures.wait(readers, timeout=0.2)
+            if not pending or not proc.waiting:
+                break
         proc.finish(code)
         return None
 
@@ -402,7 +457,12 @@ class Agent:
         return proc
 
     def op_attach(self, rid, h, _p):
-        self.get_proc(h).subscribe(rid, replay=bool(h.get("replay", True)))
+        proc = self.get_proc(h)
+        window = int(h.get("window") or 0)
+        credits = None
+        if window > 0:
+            credits = self.reads[rid] = ReadCredits(window)
+        proc.subscribe(rid, replay=bool(h.get("replay", True)), credits=credits)
         return None
 
     def op_stdin(self, rid, h, payload):
@@ -497,18 +557,19 @@ class Agent:
     def op_list(self, rid, h, _p):
         path = need_path(h)
         depth = max(1, int(h.get("depth") or 1))
+        limit = min(MAX_LIST_ENTRIES, max(1, int(h.get("max_entries") or MAX_LIST_ENTRIES)))
         if not os.path.isdir(path):
             if not os.path.exists(path):
                 raise FileNotFoundError(2, "not found", path)
             raise AgentError("invalid", f"{path}: not a directory")
         out = []
-        self._walk(path, depth, out)
+        self._walk(path, depth, out, [0], limit)
         return {"entries": out}
 
-    def _walk(self, path, depth, out):
+    def _walk(self, path, depth, out, size, limit):
         try:
             names = sorted(os.listdir(path))
-        except PermissionError:
+        except (PermissionError, NotADirectoryError, FileNotFoundError):
             return
         for name in names:
             full = os.path.join(path, name)
@@ -517,10 +578,12 @@ class Agent:
             except OSError:
                 continue
             out.append(e)
-            if len(out) >= 100000:
-                raise AgentError("invalid", "listing too large")
+            size[0] += len(json.dumps(e, separators=(",", ":"))) + 1
+            if len(out) > limit or size[0] > LIST_REPLY_BYTES:
+                raise AgentError("invalid", f"listing too large: more than {len(out) - 1} "
+                                 "entries; list a subdirectory or a smaller depth")
             if depth > 1 and e["type"] == "dir":
-                self._walk(full, depth - 1, out)
+                self._walk(full, depth - 1, out, size, limit)
 
     def op_stat(self, rid, h, _p):
         return entry(need_path(h))

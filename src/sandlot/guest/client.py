@@ -3,8 +3,11 @@
 One connection multiplexes many requests by id. Every op of the protocol (guest/protocol.py) has
 a typed method here returning dataclasses; nothing above this module sends op names. Replies
 are parsed as hostile: every field is type-checked, and a reply that does not fit is a
-GuestError. Streamed events go to bounded per-request queues, so a slow consumer
-back-pressures the guest instead of growing memory.
+GuestError. Streamed events go to bounded per-request inboxes that never hold up the
+connection: file reads and (with the agent's `output_credit`) command output are
+flow-controlled per stream by credits, so a slow consumer back-pressures its own stream in the
+guest; a stream whose inbox overflows all the same (an agent without credits, or one that
+ignores them) fails alone.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from sandlot.guest.protocol import EXIT_EVENT, PROTO_VERSION, request_header
 from sandlot.guest.wire import CHUNK_SIZE, FrameDecoder, encode
 
 READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
+OUTPUT_WINDOW = 32  # output events (at most 64 KiB each) a command may run ahead
+OUTPUT_CREDIT_BATCH = 8  # consumed output events acknowledged in one credit frame
+# Why: what a stream's consumer has not taken yet stays in the server's memory. Past these
+# bounds the stream ends with an error instead of holding up the connection's other streams.
+INBOX_EVENTS = 1024
+INBOX_BYTES = 16 << 20
 
 _ERROR_TYPES: dict[str, type[SandlotError]] = {
     "not_found": NotFoundError,
@@ -156,6 +165,41 @@ def _exec_event(header: dict, data: bytes) -> ExecEvent | None:
 # ---- the session ----------------------------------------------------------------------------
 
 
+class _Inbox:
+    """The events of one stream its consumer has not taken, bounded in count and bytes.
+    `put` never waits (the connection's reader must not); past the bounds the stream is
+    failed with `overflow` and the rest of its events are dropped."""
+
+    def __init__(self, max_events: int, max_bytes: int = INBOX_BYTES) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.overflowed = False
+
+    def put(self, header: dict, payload: bytes) -> None:
+        if self.overflowed:
+            return
+        if self.queue.qsize() >= self.max_events or self.bytes + len(payload) > self.max_bytes:
+            self.overflowed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.bytes = 0
+            self.queue.put_nowait(({"id": None, "overflow": True}, b""))
+            return
+        self.bytes += len(payload)
+        self.queue.put_nowait((header, payload))
+
+    def end(self, header: dict) -> None:
+        """A terminal marker (the connection was lost): always delivered."""
+        self.queue.put_nowait((header, b""))
+
+    async def get(self) -> tuple[dict, bytes]:
+        header, payload = await self.queue.get()
+        self.bytes -= len(payload)
+        return header, payload
+
+
 class LinkState(StrEnum):
     CONNECTING = "connecting"
     READY = "ready"
@@ -189,7 +233,7 @@ class AgentClient:
         self._writer = writer
         self._next_id = secrets.randbelow(1 << 30) + 1
         self._waiters: dict[int, asyncio.Future] = {}
-        self._streams: dict[int, asyncio.Queue] = {}
+        self._streams: dict[int, _Inbox] = {}
         self._write_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._closed: BaseException | None = None
@@ -234,6 +278,9 @@ class AgentClient:
                 last = e
                 await client.close()
                 attempt_timeout = min(attempt_timeout * 2, 16.0)
+            except BaseException:  # e.g. a configure too large to send: no session is left
+                await client.close()
+                raise
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
     async def _handshake(self, timeout: float, configure: Configure | None) -> None:
@@ -338,9 +385,9 @@ class AgentClient:
 
     async def _dispatch(self, header: dict, payload: bytes) -> None:
         rid = header.get("id")
-        queue = self._streams.get(rid)
-        if queue is not None:
-            await queue.put((header, payload))
+        inbox = self._streams.get(rid)
+        if inbox is not None:
+            inbox.put(header, payload)  # never waits: one slow stream holds up no other
             return
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
@@ -354,9 +401,8 @@ class AgentClient:
             if not fut.done():
                 fut.set_exception(GuestError(f"agent connection lost: {exc}"))
         self._waiters.clear()
-        for queue in self._streams.values():
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(({"id": None, "lost": str(exc)}, b""))
+        for inbox in self._streams.values():
+            inbox.end({"id": None, "lost": str(exc)})
 
     def _require_ready(self) -> None:
         if self.state != LinkState.READY:
@@ -382,27 +428,38 @@ class AgentClient:
             raise agent_error(header["error"])
         return header
 
-    async def _stream(self, op: str, payload: bytes = b"", *, credited: bool = False,
+    async def _stream(self, op: str, payload: bytes = b"", *, window: int = 0,
+                      credit_events: tuple[str, ...] = (), batch: int = 1,
                       **fields) -> AsyncIterator[tuple[dict, bytes]]:
         """Send a request and yield its events until a terminal one (exit, ok or error).
 
-        `credited` (file reads with a `window`, where the agent has `read_credit`): the
-        agent sends at most `window` chunks ahead, and each chunk the consumer takes earns one
-        more, so a slow reader of one file holds back only that file. Other streams are
-        pushed: a consumer that falls behind stops the connection's reader once its queue is
-        full, which command output (at most 64 KiB an event) reaches only 32 MiB behind.
+        With a `window` (file reads where the agent has `read_credit`, command output where
+        it has `output_credit`), the agent sends at most `window` of `credit_events` ahead,
+        and each one the consumer takes earns one more (acknowledged `batch` at a time), so a
+        slow consumer holds back only its own stream. Without one, events are pushed: a
+        consumer that falls INBOX_EVENTS or INBOX_BYTES behind fails its stream (GuestError),
+        and no other.
         """
         self._require_ready()
         rid = self._new_id()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=READ_WINDOW + 8 if credited else 512)
-        self._streams[rid] = queue
+        inbox = _Inbox(2 * window + 8 if window else INBOX_EVENTS,
+                       INBOX_BYTES + window * CHUNK_SIZE if window else INBOX_BYTES)
+        self._streams[rid] = inbox
+        if window:
+            fields["window"] = window
         done = False
+        owed = 0
         try:
             await self._send(request_header(rid, op, fields), payload)
             while True:
-                header, data = await queue.get()
+                header, data = await inbox.get()
                 if "lost" in header:
                     raise GuestError(f"agent connection lost: {header['lost']}")
+                if "overflow" in header:
+                    raise GuestError(
+                        f"{op}: more output than the server holds for a client went unread "
+                        f"({INBOX_EVENTS} events or {INBOX_BYTES >> 20} MiB); the stream "
+                        "was dropped")
                 if "error" in header:
                     done = True
                     raise agent_error(header["error"])
@@ -411,11 +468,14 @@ class AgentClient:
                 yield header, data
                 if done:
                     return
-                if credited and header.get("event") == "data":
-                    await self._send({"id": rid, "op": "credit", "n": 1})
+                if window and header.get("event") in credit_events:
+                    owed += 1
+                    if owed >= batch:
+                        await self._send({"id": rid, "op": "credit", "n": owed})
+                        owed = 0
         finally:
             self._streams.pop(rid, None)
-            if credited and not done and self.alive:
+            if window and not done and self.alive:
                 with contextlib.suppress(GuestError):  # the consumer stopped: so does the agent
                     await self._send({"id": rid, "op": "credit", "n": -1})
 
@@ -460,12 +520,18 @@ class AgentClient:
                    stdin: bytes | None = None, track: bool = True) -> AsyncIterator[ExecEvent]:
         """Run `cmd` (bash -c) and stream its events: Started, Output..., Exited."""
         async for header, data in self._stream(
-                "exec", stdin or b"", cmd=cmd, env=env or {}, cwd=cwd, user=user,
-                timeout=timeout or None, stdin=stdin is not None, stream=True,
-                track=None if track else False):
+                "exec", stdin or b"", **self._output_credit(), cmd=cmd, env=env or {},
+                cwd=cwd, user=user, timeout=timeout or None, stdin=stdin is not None,
+                stream=True, track=None if track else False):
             event = _exec_event(header, data)
             if event is not None:
                 yield event
+
+    def _output_credit(self) -> dict:
+        if not self.has_cap("output_credit"):
+            return {}
+        return {"window": OUTPUT_WINDOW, "credit_events": ("stdout", "stderr"),
+                "batch": OUTPUT_CREDIT_BATCH}
 
     async def run(self, cmd: str, **kwargs) -> Exited:
         """Run `cmd` to its end, dropping its output."""
@@ -487,7 +553,8 @@ class AgentClient:
 
     async def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
         """The output of process `pid` (what it buffered first, with `replay`), then its end."""
-        async for header, data in self._stream("attach", pid=pid, replay=replay):
+        async for header, data in self._stream("attach", **self._output_credit(), pid=pid,
+                                               replay=replay):
             event = _exec_event(header, data)
             if event is not None:
                 yield event
@@ -508,8 +575,8 @@ class AgentClient:
     async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]:
         """Open a guest file for streaming: (size, chunks). Errors raise before any byte."""
         credited = self.has_cap("read_credit")
-        events = self._stream("read", path=path, window=READ_WINDOW if credited else None,
-                              credited=credited)
+        events = self._stream("read", path=path, window=READ_WINDOW if credited else 0,
+                              credit_events=("data",))
         header, _ = await anext(events)
         size = _get(header, "size", int, 0)
 
@@ -547,8 +614,12 @@ class AgentClient:
             raise agent_error(header["error"])
         return FileEntry.parse(header)
 
-    async def list_dir(self, path: str, depth: int = 1) -> list[FileEntry]:
-        entries = _get(await self._request("list", path=path, depth=depth), "entries", list)
+    async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
+                       ) -> list[FileEntry]:
+        """Entries under `path`; an agent with `list_limit` refuses a listing of more than
+        `max_entries` (InvalidArgumentError) instead of walking on."""
+        entries = _get(await self._request("list", path=path, depth=depth,
+                                           max_entries=max_entries), "entries", list)
         return [FileEntry.parse(e) for e in entries]
 
     async def stat(self, path: str) -> FileEntry:

@@ -45,10 +45,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
            "/run/sandlot/generation, onlines cpus; freeze: gc.freeze() before a template "
            "snapshot"),
     Op("exec", ("cmd", "env", "cwd", "user", "timeout", "stdin", "stream", "keep_stdin",
-                "track"), ("pid",), ("start", "stdout", "stderr", "exit"), payload=True,
-       doc="runs bash -c cmd in its own process group; stdin: the payload is its input"),
-    Op("attach", ("pid", "replay"), (), ("stdout", "stderr", "exit"),
-       doc="buffered output (replay), then live output, then exit"),
+                "track", "window"), ("pid",), ("start", "stdout", "stderr", "exit"),
+       payload=True, doc="runs bash -c cmd in its own process group; stdin: the payload is "
+                         "its input; with window, at most that many output events ahead of "
+                         "credits"),
+    Op("attach", ("pid", "replay", "window"), (), ("stdout", "stderr", "exit"),
+       doc="buffered output (replay), then live output, then exit; window as for exec"),
     Op("stdin", ("pid", "eof"), (), payload=True, doc="writes the payload to a process"),
     Op("kill", ("pid", "signal"), ("killed",), doc="signals a process group"),
     Op("ps", ("all",), ("processes",), doc="processes exec started (running ones unless all)"),
@@ -57,7 +59,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("write", ("path", "user", "mode", "eof"), ENTRY_FIELDS, payload=True,
        doc="then chunk frames with payloads and an end frame; written to a temp file and "
            "renamed into place"),
-    Op("list", ("path", "depth"), ("entries",), doc="entries under a directory"),
+    Op("list", ("path", "depth", "max_entries"), ("entries",),
+       doc="entries under a directory; more than max_entries (or a reply over the frame "
+           "limit) is an `invalid` error"),
     Op("stat", ("path",), ENTRY_FIELDS, doc="one entry (symlinks not followed)"),
     Op("exists", ("path",), ("exists",)),
     Op("remove", ("path",), (), doc="a file, symlink or directory tree"),

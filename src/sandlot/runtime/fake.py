@@ -3,11 +3,12 @@
 Each `FakeVm` has an in-memory file system and runs a tiny shell: ``echo`` (with ``$VARS``,
 ``-n``, ``>&2``, ``> file`` and ``>> file``), ``cat [file]`` (stdin without one), ``printenv
 NAME``, ``pwd``, ``whoami``, ``sleep N``, ``exit N``, ``true``, ``false``, joined by ``;`` or
-``&&``; ``crash`` drops the agent link (GuestError); anything else is "command not found"
-(127). A capture copies a VM's files and env, and
-a restore copies them back, so snapshots, forks, rollback and pause behave as they do on real
-VMs, as far as files, env and generations go. It never stands in for a feature's test on real
-VMs (tests/vm); it lets the REST contract and core's lifecycles be tested in seconds.
+``&&``; ``crash`` drops the agent link (GuestError); ``hang`` never ends and ignores its
+timeout, as a guest too busy to answer would; anything else is "command not found" (127).
+A capture copies a VM's files and env, and a restore copies them back, so snapshots, forks,
+rollback and pause behave as they do on real VMs, as far as files, env and generations go. It
+never stands in for a feature's test on real VMs (tests/vm); it lets the REST contract and
+core's lifecycles be tested in seconds.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class _Proc:
     stdin: asyncio.Queue = field(default_factory=asyncio.Queue)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    hung: bool = False  # `hang`: the fake agent stops answering for this process
 
 
 class FakeGuest:
@@ -139,6 +141,8 @@ class FakeGuest:
             code = await asyncio.wait_for(self._shell(proc, env, cwd, emit), timeout or None)
             proc.exit = Exited(code, False)
         except TimeoutError:
+            if proc.hung:
+                return  # never answered
             proc.exit = Exited(-9, True)
         except GuestError as e:
             proc.lost = e
@@ -196,6 +200,9 @@ class FakeGuest:
             return int(args[0]) if args else 0
         elif name in ("true", "false"):
             return 0 if name == "true" else 1
+        elif name == "hang":
+            proc.hung = True
+            await asyncio.Event().wait()
         elif name == "crash":
             raise GuestError("agent connection lost: the fake guest crashed")
         else:
@@ -316,7 +323,8 @@ class FakeGuest:
             path = posixpath.dirname(path)
         return created
 
-    async def list_dir(self, path: str, depth: int = 1) -> list[FileEntry]:
+    async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
+                       ) -> list[FileEntry]:
         self._check()
         if path not in self.state.dirs:
             self._entry(path)
@@ -327,6 +335,9 @@ class FakeGuest:
             rest = p[len(prefix):] if p.startswith(prefix) else None
             if rest and rest.count("/") < depth:
                 out.append(self._entry(p))
+                if max_entries is not None and len(out) > max_entries:
+                    raise InvalidArgumentError(f"listing too large: more than {max_entries} "
+                                               "entries")
         return out
 
     async def stat(self, path: str) -> FileEntry:

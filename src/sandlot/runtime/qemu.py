@@ -148,10 +148,13 @@ class QemuRuntime(Runtime):
             if self.network is not None and plan.network is not None \
                     and plan.network != NetworkPolicy():
                 await self.network.update(vm.id, plan.network)
-        except SandlotError as e:  # e.g. its VM died while pooled: the caller restores one
+        except BaseException as e:
+            # Out of the pool and in no record yet: whatever went wrong, it must not live on.
             log.warning("pooled VM %s could not be claimed: %s", vm.id, e)
             await self.kill(vm)
-            return None
+            if isinstance(e, InvalidArgumentError) or not isinstance(e, SandlotError):
+                raise  # the request itself is at fault (or cancelled): a restore won't help
+            return None  # e.g. its VM died while pooled: the caller restores one
         return vm
 
     async def _make_pooled(self, image: Image) -> Vm:

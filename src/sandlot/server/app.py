@@ -18,6 +18,7 @@ from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 from sandlot.server import errors
 from sandlot.server.auth import require_key
+from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(HTTPException, errors.http_error)
     app.add_exception_handler(Exception, errors.unexpected_error)
+    app.add_middleware(BodyLimit, limit=settings.limits.body_bytes)
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router):
         app.include_router(router, dependencies=auth)
