@@ -13,6 +13,7 @@ from importlib import metadata as _metadata
 from sandlot.errors import (
     AuthenticationError,
     BuildError,
+    CapacityError,
     CommandTimeoutError,
     ConflictError,
     GuestError,
@@ -98,6 +99,7 @@ __all__ = [
     "TemplateInfo",
     # errors
     "SandlotError",
+    "CapacityError",
     "InvalidArgumentError",
     "PayloadTooLargeError",
     "AuthenticationError",

@@ -8,7 +8,9 @@ RAM), SANDLOT_INSTANCE (suffix for /run/sandlot and /dev/shm/sandlot, so several
 share a host), SANDLOT_ACCEL (kvm|tcg), SANDLOT_POOL_SIZE and SANDLOT_POOL_TEMPLATES (the warm
 pool, runtime/pool.py), SANDLOT_GC_GRACE (seconds an unreferenced chunk waits before store GC
 takes it; default 3600), SANDLOT_GC_INTERVAL (seconds between GC runs; default 600),
-SANDLOT_CONFINE (on: each QEMU under its own uid, seccomp and a cgroup; off: as the server).
+SANDLOT_CONFINE (on: each QEMU under its own uid, seccomp and a cgroup; off: as the server),
+SANDLOT_RESERVE_MEM_MB and SANDLOT_RESERVE_DISK_MB (what the host keeps: new sandboxes and
+captures are refused with a CapacityError below them; default 5% of RAM, 1024 MiB of disk).
 The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
 SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
 seconds past a command's timeout before the server ends it if the guest has not (default 5).
@@ -96,6 +98,9 @@ class Settings:
     # seconds a command may run past its timeout before the host ends its request itself (a guest
     # too busy to enforce the timeout, or to answer at all)
     command_grace: float = 5.0
+    # never handed out: new VMs and captures are refused (CapacityError) below these
+    reserve_mem_mb: int = field(default_factory=lambda: max(512, _mem_total_mb() // 20))
+    reserve_disk_mb: int = 1024
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -118,6 +123,9 @@ class Settings:
                    confine=os.environ.get("SANDLOT_CONFINE", "on").lower()
                    not in ("0", "off", "false", "no"),
                    command_grace=float(_int_env("SANDLOT_COMMAND_GRACE", 5)) or 5.0,
+                   reserve_mem_mb=_int_env("SANDLOT_RESERVE_MEM_MB",
+                                           max(512, _mem_total_mb() // 20)),
+                   reserve_disk_mb=_int_env("SANDLOT_RESERVE_DISK_MB", 1024),
                    limits=Limits.from_env())
 
     @property

@@ -11,6 +11,7 @@
     ├── SandboxError           502  the sandbox failed (guest agent or VMM)
     │   ├── GuestError              the in-guest agent failed or went away
     │   └── VmmError                QEMU failed to start, load or answer
+    ├── CapacityError          503  this host has no room for it now (memory, disk)
     ├── StorageError           500  snapshot data missing, corrupt, or not writable
     └── BuildError             500  a template build step failed
 
@@ -85,6 +86,13 @@ class VmmError(SandboxError):
     pass
 
 
+class CapacityError(SandlotError):
+    """The host keeps a reserve of memory and disk it does not hand out; try again later,
+    free something, or use another host."""
+
+    status = 503
+
+
 class StorageError(SandlotError):
     status = 500
 
@@ -98,6 +106,7 @@ ERRORS: dict[str, type[SandlotError]] = {
     for cls in (
         SandlotError, InvalidArgumentError, PayloadTooLargeError, AuthenticationError,
         NotFoundError, ConflictError, InvalidStateError, CommandTimeoutError, SandboxError,
+        CapacityError,
         GuestError, VmmError, StorageError, BuildError,
     )
 }

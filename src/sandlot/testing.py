@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from sandlot.config import Settings
+from sandlot.vmm.jail import Jails
 from sandlot.vmm.processes import qemus_under
 
 IMAGES_DIR = Path(os.environ.get("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images"))
@@ -119,6 +120,7 @@ class ServerProcess:
         shutil.rmtree(self.run_root, ignore_errors=True)
         shutil.rmtree(self.shm_root, ignore_errors=True)
         remove_networks(self.instance)
+        Jails(self.instance).recover(keep=set())  # its VMs' uids, cgroups and mount tables
 
 
 def remove_networks(instance: str) -> None:

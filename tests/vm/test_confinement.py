@@ -1,6 +1,7 @@
 """Each sandbox's QEMU is confined (vmm/jail.py), seen from outside as an operator would:
-its own unprivileged uid, no capabilities, QEMU's seccomp filter, a cgroup with its limits,
-files only it may write; and nothing of it left once the sandbox is gone."""
+its own unprivileged uid, no capabilities, QEMU's seccomp filter, a cgroup with its limits, a
+mount namespace that shows only what it needs, files only it may write; and nothing of it
+left once the sandbox is gone."""
 
 from __future__ import annotations
 
@@ -75,6 +76,23 @@ def test_qemu_runs_unprivileged_under_seccomp_in_a_cgroup(sandbox_factory, serve
                     if "mem-path=" in p).split("mem-path=")[1].split(",")[0])
     info = ram.stat()
     assert info.st_gid == VM_GID and not info.st_mode & stat.S_IRWXO
+
+    # Its mount namespace shows the system's programs, a few devices and its own paths; not
+    # the host's /etc, home directories, the server's data, or another sandbox's files.
+    root = Path(f"/proc/{pid}/root")
+    assert sorted(p.name for p in (root / "etc").iterdir()) == ["ld.so.cache"]
+    assert {p.name for p in (root / "dev").iterdir()} - {"shm"} == \
+        {"null", "random", "urandom", "zero"}  # shm: the way to its image
+    assert not (root / "root").exists() and not (root / "home").exists()
+    assert (root / str(disk).lstrip("/")).exists() and (root / str(ram).lstrip("/")).exists()
+    other_disk = Path(next(p for p in Path(f"/proc/{other_pid}/cmdline").read_text()
+                           .split("\0") if "file.filename=" in p)
+                      .split("file.filename=")[1].split(",")[0])
+    assert not (root / str(other_disk).lstrip("/")).exists()
+    assert not (root / str(server.data_dir / "sandlot.db").lstrip("/")).exists()
+    proc_mount = next(line for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                      if line.split(" - ")[1].startswith("proc "))
+    assert "hidepid=invisible" in proc_mount  # it sees its own processes only
 
     # A guest busy on every CPU gets no more than its vCPUs' worth of host CPU.
     sbx.commands.run("for i in 1 2 3 4; do timeout 4 sh -c 'while :; do :; done' & done",

@@ -43,6 +43,7 @@ from sandlot.runtime.base import (
     Vm,
 )
 from sandlot.runtime.cache import HotCache, Lease
+from sandlot.runtime.capacity import HostReserve
 from sandlot.runtime.images import IMAGE_FILES, ImageStore
 from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
@@ -50,7 +51,7 @@ from sandlot.runtime.qemu_vm import QemuVm, load_state
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
-from sandlot.vmm.disk import DiskChain
+from sandlot.vmm.disk import DiskChain, backing_file
 from sandlot.vmm.jail import (
     Jail,
     Jails,
@@ -86,6 +87,16 @@ def _byte_ranges(pages) -> list[tuple[int, int]]:
     return [(int(first) * PAGE, int(count) * PAGE) for first, count in memory.runs(pages)]
 
 
+def _build_dirs(build: Path, disk: Path) -> tuple[Path, ...]:
+    """The directories a VM reads its build from: the build's, and the one its disk layer's
+    backing file names (a path through a link, or another images dir)."""
+    dirs = {build, build.resolve()}
+    backing = backing_file(disk)
+    if backing is not None:
+        dirs |= {backing.parent, backing.resolve().parent}
+    return tuple(sorted(dirs))
+
+
 def describe(spec: MachineSpec, cpus: int) -> MachineDescription:
     """The machine `spec` runs, as a snapshot of it records it."""
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
@@ -105,6 +116,9 @@ class QemuRuntime(Runtime):
             os.chmod(settings.data_dir, 0o711)  # VMs pass through to their disks; no listing
             self._vm_paths()
             open_to_vms(settings.hot_dir)
+        self.reserve = HostReserve(memory_mb=settings.reserve_mem_mb,
+                                   disk_mb=settings.reserve_disk_mb,
+                                   disks_dir=settings.disks_dir, hot_dir=settings.hot_dir)
         self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20,
                               share=share_with_vms if self.jails.enabled else None)
         self.store = ImageStore(settings)
@@ -176,6 +190,7 @@ class QemuRuntime(Runtime):
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
         self.check_loadable(image.machine)
         self.check_plan(image, plan)
+        self.reserve.check_vm(plan.memory_mb)
         run_dir = self.settings.run_root / vm_id
         build = await self.store.ensure_build(image.build)
         lease: Lease | None = None
@@ -189,7 +204,10 @@ class QemuRuntime(Runtime):
                 lease = await self._hot(image)
                 hot = lease.files()
                 run_dir.mkdir(parents=True, exist_ok=True)
-                jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus))
+                jail = self.jails.make(
+                    vm_id, Limits.for_vm(plan.memory_mb, plan.cpus),
+                    rw=(run_dir, self.settings.disks_dir / vm_id, hot["ram"].parent),
+                    ro=_build_dirs(build, hot["disk"]))
                 self._vm_paths()
                 owner = jail.uid if jail is not None else None
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=hot["disk"],
@@ -268,7 +286,10 @@ class QemuRuntime(Runtime):
         rootfs = build_dir / "rootfs.ext4"
         run_dir = self.settings.run_root / vm_id
         shutil.rmtree(run_dir, ignore_errors=True)
-        jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (self.settings.disks_dir / vm_id).mkdir(parents=True, exist_ok=True)
+        jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus),
+                               rw=(run_dir, self.settings.disks_dir / vm_id), ro=(build_dir,))
         self._vm_paths()
         disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=rootfs,
                           size=rootfs.stat().st_size, source_fmt="raw",
@@ -336,6 +357,7 @@ class QemuRuntime(Runtime):
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
         assert isinstance(vm, QemuVm)
+        self.reserve.check_capture(vm.memory_mb)
         lease = self.cache.create(key, persistent)
         self._vm_paths()
         try:

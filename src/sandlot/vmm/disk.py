@@ -33,6 +33,23 @@ async def _qemu_img(*args: str) -> str:
     return out.decode()
 
 
+def backing_file(path: Path) -> Path | None:
+    """The backing file a qcow2's header names (None for raw or no backing), read directly:
+    a restore needs it before QEMU runs, and qemu-img would cost a process."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+        if len(header) < 20 or header[:4] != b"QFI\xfb":
+            return None
+        offset = int.from_bytes(header[8:16], "big")
+        size = int.from_bytes(header[16:20], "big")
+        if not offset or not 0 < size <= 4096:
+            return None
+        f.seek(offset)
+        name = f.read(size).decode(errors="replace")
+    backing = Path(name)
+    return backing if backing.is_absolute() else path.parent / backing
+
+
 async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int) -> None:
     """A new empty qcow2 on `backing` (not opened: -u, so a busy backing file is fine)."""
     await _qemu_img("create", "-q", "-f", "qcow2", "-u", "-b", str(backing), "-F", backing_fmt,

@@ -74,6 +74,7 @@ class Jail:
     groups: tuple[int, ...]
     cgroups: tuple[str, ...]  # cgroup directories it joins (one per v1 controller, or one)
     netns: str | None = None
+    fstab: str | None = None  # its private mount namespace's mounts (`View.write`)
 
     def prefix(self) -> list[str]:
         """The exec chain that confines the command it is put in front of."""
@@ -85,6 +86,11 @@ class Jail:
                       "sandlot-jail"]
         if self.netns:
             chain += ["nsenter", f"--net=/run/netns/{self.netns}", "--"]
+        if self.fstab:
+            # A mount namespace of its own whose root shows only what it needs (View).
+            chain += ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                      'set -e; mount -a --fstab "$0"; cd "$1"; pivot_root . .old; '
+                      'umount -l /.old; cd /; shift; exec "$@"', self.fstab, str(ROOT_SKELETON)]
         chain += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
                   "--groups=" + ",".join(str(g) for g in self.groups),
                   "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -103,7 +109,64 @@ class Jail:
     def from_dict(cls, data: dict) -> Jail:
         return cls(uid=int(data["uid"]), gid=int(data["gid"]),
                    groups=tuple(int(g) for g in data["groups"]),
-                   cgroups=tuple(data.get("cgroups", ())), netns=data.get("netns"))
+                   cgroups=tuple(data.get("cgroups", ())), netns=data.get("netns"),
+                   fstab=data.get("fstab"))
+
+
+ROOT_SKELETON = Path("/run/sandlot-root")  # the root a confined QEMU sees (empty dirs)
+FSTAB_DIR = Path("/run/sandlot-mounts")  # each VM's mounts, root's only
+_DEVICES = ("null", "zero", "urandom", "random")
+
+
+def _skeleton(kvm: bool) -> None:
+    """The shared, empty root every VM's namespace mounts what it needs on (idempotent)."""
+    for d in ("usr", "etc", "dev", "proc", ".old"):
+        (ROOT_SKELETON / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(ROOT_SKELETON, 0o755)
+    FSTAB_DIR.mkdir(mode=0o700, exist_ok=True)
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host, here = Path("/") / name, ROOT_SKELETON / name
+        if host.is_symlink() and not here.is_symlink():  # merged /usr (Debian 12)
+            here.symlink_to(os.readlink(host))
+        elif host.is_dir() and not host.is_symlink():
+            here.mkdir(exist_ok=True)
+    for f in ["etc/ld.so.cache", *(f"dev/{d}" for d in _DEVICES + (("kvm",) if kvm else ()))]:
+        (ROOT_SKELETON / f).touch(exist_ok=True)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a confined QEMU's mount namespace shows: the system's programs and libraries
+    read-only, a few devices, its own /proc entries, and the paths of this VM (`rw`: its run
+    and disk dirs, its image's files; `ro`: its kernel, initramfs and root filesystem)."""
+
+    rw: tuple[Path, ...]
+    ro: tuple[Path, ...]
+    kvm: bool = False
+
+    def write(self, uid: int) -> str:
+        """Write the VM's fstab (and the mount points it needs); returns its path."""
+        lines = [f"{ROOT_SKELETON} {ROOT_SKELETON} none bind 0 0",
+                 f"/usr {ROOT_SKELETON}/usr none bind,ro 0 0"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_dir() and not host.is_symlink():
+                lines.append(f"{host} {ROOT_SKELETON}{host} none bind,ro 0 0")
+        if Path("/etc/ld.so.cache").exists():
+            lines.append(f"/etc/ld.so.cache {ROOT_SKELETON}/etc/ld.so.cache none bind,ro 0 0")
+        for d in _DEVICES + (("kvm",) if self.kvm else ()):
+            lines.append(f"/dev/{d} {ROOT_SKELETON}/dev/{d} none bind 0 0")
+        for paths, opts in ((self.ro, "bind,ro"), (self.rw, "bind")):
+            for path in paths:
+                (ROOT_SKELETON / path.relative_to("/")).mkdir(parents=True, exist_ok=True)
+                lines.append(f"{path} {ROOT_SKELETON}{path} none {opts} 0 0")
+        lines.append(f"proc {ROOT_SKELETON}/proc proc hidepid=invisible,nosuid,nodev,noexec 0 0")
+        for line in lines:
+            if any(c.isspace() for c in line.split(" ")[0] + line.split(" ")[1]):
+                raise VmmError(f"a VM path with white space cannot be mounted: {line}")
+        fstab = FSTAB_DIR / f"{uid}.fstab"
+        fstab.write_text("\n".join(lines) + "\n")
+        return str(fstab)
 
 
 def share_with_vms(entry: Path) -> None:
@@ -165,6 +228,9 @@ class Jails:
             with contextlib.suppress(KeyError):
                 self.groups += (grp.getgrnam("kvm").gr_gid,)
         self._base = f"sandlot/{instance}"
+        self.kvm = kvm
+        if self.enabled:
+            _skeleton(kvm)
 
     # ---- uids --------------------------------------------------------------------------
 
@@ -233,18 +299,21 @@ class Jails:
 
     # ---- a VM's jail -------------------------------------------------------------------
 
-    def make(self, vm_id: str, limits: Limits, netns: str | None = None) -> Jail | None:
-        """A uid and cgroups for VM `vm_id` (None when confinement is off)."""
+    def make(self, vm_id: str, limits: Limits, rw: tuple[Path, ...] = (),
+             ro: tuple[Path, ...] = ()) -> Jail | None:
+        """A uid, cgroups and a view of the filesystem (`rw`, `ro`: the paths it needs) for
+        VM `vm_id`; None when confinement is off."""
         if not self.enabled:
             return None
         uid = self._take_uid(vm_id)
         try:
             dirs = self._make_cgroups(vm_id, limits)
+            fstab = View(rw=rw, ro=ro, kvm=self.kvm).write(uid)
         except BaseException:
             (UID_DIR / str(uid)).unlink(missing_ok=True)
             raise
         return Jail(uid=uid, gid=uid, groups=self.groups, cgroups=tuple(str(d) for d in dirs),
-                    netns=netns)
+                    fstab=fstab)
 
     def release(self, jail: Jail | None) -> None:
         """After the VM's QEMU has exited: its cgroups and its uid go."""
@@ -252,6 +321,8 @@ class Jails:
             return
         for d in jail.cgroups:
             _remove_cgroup(Path(d))
+        if jail.fstab:
+            Path(jail.fstab).unlink(missing_ok=True)
         (UID_DIR / str(jail.uid)).unlink(missing_ok=True)
 
     def recover(self, keep: set[str]) -> None:
@@ -264,11 +335,14 @@ class Jails:
             except (OSError, ValueError):
                 continue
             if instance == self.instance and vm_id not in keep:
+                (FSTAB_DIR / f"{path.name}.fstab").unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
         for d in self._instance_cgroup_roots():
             for child in d.iterdir() if d.is_dir() else ():
                 if child.is_dir() and child.name not in keep:
                     _remove_cgroup(child)
+            if not keep and d.is_dir():
+                _remove_cgroup(d)
 
     def _instance_cgroup_roots(self) -> list[Path]:
         if self.version == 2:
