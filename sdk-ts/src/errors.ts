@@ -47,6 +47,11 @@ export class InvalidArgumentError extends SandlotError {
   static override defaultStatus = 400;
 }
 
+/** A request body over the server's size limit. */
+export class PayloadTooLargeError extends InvalidArgumentError {
+  static override defaultStatus = 413;
+}
+
 /** A missing or wrong API key. */
 export class AuthenticationError extends SandlotError {
   static override defaultStatus = 401;
@@ -82,6 +87,12 @@ export class GuestError extends SandboxError {}
 
 /** QEMU failed to start, load or answer. */
 export class VmmError extends SandboxError {}
+
+/** The host has no room for it now (it keeps a reserve of memory and disk): free something,
+ * try again later, or use another host. */
+export class CapacityError extends SandlotError {
+  static override defaultStatus = 503;
+}
 
 /** Snapshot data missing, corrupt, or not writable. */
 export class StorageError extends SandlotError {
@@ -147,6 +158,7 @@ export type ErrorClass = new (message?: string, options?: { cause?: unknown; sta
 export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   SandlotError,
   InvalidArgumentError,
+  PayloadTooLargeError,
   AuthenticationError,
   NotFoundError,
   ConflictError,
@@ -155,6 +167,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   SandboxError,
   GuestError,
   VmmError,
+  CapacityError,
   StorageError,
   BuildError,
   SnapshotFailedError: SnapshotFailedError as unknown as ErrorClass,
@@ -167,9 +180,11 @@ const STATUS_FALLBACK: Record<number, ErrorClass> = {
   403: AuthenticationError,
   404: NotFoundError,
   409: ConflictError,
+  413: PayloadTooLargeError,
   422: InvalidArgumentError,
   500: SandlotError,
   502: SandboxError,
+  503: CapacityError,
   504: CommandTimeoutError,
 };
 

@@ -45,6 +45,7 @@ export type {
 export {
   AuthenticationError,
   BuildError,
+  CapacityError,
   CommandExitError,
   CommandTimeoutError,
   ConflictError,
@@ -54,6 +55,7 @@ export {
   InvalidArgumentError,
   InvalidStateError,
   NotFoundError,
+  PayloadTooLargeError,
   SandboxError,
   SandlotError,
   SnapshotFailedError,

@@ -6,6 +6,7 @@ import net from "node:net";
 import {
   AuthenticationError,
   BuildError,
+  CapacityError,
   CommandExitError,
   CommandTimeoutError,
   ConflictError,
@@ -20,6 +21,7 @@ import {
   SandlotError,
   Snapshot,
   SnapshotFailedError,
+  PayloadTooLargeError,
   StorageError,
   VmmError,
   WaitTimeoutError,
@@ -66,6 +68,8 @@ const TREE: [string, new (...args: never[]) => SandlotError, number, (new (...ar
   ["SandboxError", SandboxError, 502, [SandlotError]],
   ["GuestError", GuestError, 502, [SandboxError, SandlotError]],
   ["VmmError", VmmError, 502, [SandboxError, SandlotError]],
+  ["PayloadTooLargeError", PayloadTooLargeError, 413, [InvalidArgumentError, SandlotError]],
+  ["CapacityError", CapacityError, 503, [SandlotError]],
   ["StorageError", StorageError, 500, [SandlotError]],
   ["BuildError", BuildError, 500, [SandlotError]],
   ["SnapshotFailedError", SnapshotFailedError, 502, [SandboxError, SandlotError]],
@@ -355,9 +359,9 @@ describe("public surface", () => {
     const { createRequire } = await import("node:module");
     const cjs = createRequire(import.meta.url)("sandlot");
     const expected = [
-      "AuthenticationError", "BuildError", "CommandExitError", "CommandHandle", "CommandOutput",
+      "AuthenticationError", "BuildError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
       "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
-      "GuestError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "Sandbox", "SandboxError",
+      "GuestError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
       "Templates", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];
