@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.errors import StorageError
+
 FILES = {"ram": "ram", "devstate": "devstate", "disk": "disk.qcow2", "dimm": "ram.dimm"}
 _OK = ".ok"
 _ENTRY = "entry.json"
@@ -99,13 +101,27 @@ class HotCache:
             os.utime(self.dir(key))  # recently used
         return Lease(self, key)
 
-    async def acquire(self, key: str, dimm: bool, hydrate: Hydrate) -> Lease:
-        """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing."""
+    async def acquire(self, key: str, dimm: bool, hydrate: Hydrate,
+                      identity: str | None = None) -> Lease:
+        """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing.
+
+        `identity` names the files the entry must have been made from (a template's build,
+        which a rebuild replaces under the same key): an entry made from others is stale and
+        made again, never paired with files it was not captured with."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
+            made_from = self._entry(key).get("identity")
+            if identity is not None and self.ready(key) and made_from is None:
+                self._write_entry(key, identity=identity)  # made before identities were kept
+                made_from = identity
+            stale = identity is not None and self.ready(key) and made_from != identity
+            if stale and self.holders(key):
+                raise StorageError(
+                    f"image {key} in this host's cache was made from files its build no "
+                    "longer has, and running sandboxes use it; kill them to use the new build")
+            if stale or not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
                 self.remove(key)
-                self._write_entry(key, persistent=True)
+                self._write_entry(key, persistent=True, identity=identity)
                 await hydrate(self.paths(key, dimm))
                 self.mark_ready(key)
                 lease = self._hold(key)

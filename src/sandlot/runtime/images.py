@@ -48,6 +48,23 @@ class ImageStore:
         """A build's boot image, uncompressed, as the build left it."""
         return self.build_dir(build) / LOCAL_IMAGE
 
+    def identity(self, image: Image) -> str | None:
+        """What a template image's cached files were made from: its build's root filesystem
+        and boot RAM as they are on disk now (a rebuild under the same hash, or a wiped data
+        dir, gives new files). None for snapshots: their keys are never reused."""
+        if not image.is_template:
+            return None
+        parts = []
+        for path in (self.build_dir(image.build) / BUILD_FILES["rootfs"],
+                     self.local_image(image.build) / IMAGE_FILES["ram"]):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                parts.append("-")
+                continue
+            parts.append(f"{st.st_ino}.{st.st_mtime_ns}.{st.st_size}")
+        return "/".join(parts)
+
     async def manifest(self, key: str) -> Manifest:
         manifest = self._manifests.get(key)
         if manifest is None:

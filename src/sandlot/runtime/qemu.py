@@ -185,7 +185,8 @@ class QemuRuntime(Runtime):
 
     async def _hot(self, image: Image) -> Lease:
         return await self.cache.acquire(image.key, bool(image.machine.dimm_mb),
-                                        lambda paths: self.store.fetch(image, paths))
+                                        lambda paths: self.store.fetch(image, paths),
+                                        identity=self.store.identity(image))
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
         self.check_loadable(image.machine)
