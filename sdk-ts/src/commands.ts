@@ -19,9 +19,9 @@ export interface StartOptions {
    * SDK throws {@link CommandTimeoutError}). `0` or `null`: no limit. Default: 60 000 for
    * `run` and `stream`, none for `start`.
    *
-   * Node's `fetch` gives up on an answer that sends nothing for 5 minutes, so following a
-   * command that prints nothing for that long fails with a {@link SandlotError} (the process
-   * keeps running; {@link Commands.connect} and `wait()` follow it again).
+   * A command that prints nothing for a long time is followed all the same: the server sends a
+   * keepalive line every 30 s of silence (Node's `fetch` gives up on an answer that sends
+   * nothing for 5 minutes).
    */
   timeoutMs?: number | null;
   /** Extra environment variables. */

@@ -98,6 +98,7 @@ class Settings:
     # seconds a command may run past its timeout before the host ends its request itself (a guest
     # too busy to enforce the timeout, or to answer at all)
     command_grace: float = 5.0
+    stream_keepalive: float = 30.0  # seconds of silence before a command stream's keepalive
     # never handed out: new VMs and captures are refused (CapacityError) below these
     reserve_mem_mb: int = field(default_factory=lambda: max(512, _mem_total_mb() // 20))
     reserve_disk_mb: int = 1024
@@ -123,6 +124,7 @@ class Settings:
                    confine=os.environ.get("SANDLOT_CONFINE", "on").lower()
                    not in ("0", "off", "false", "no"),
                    command_grace=float(_int_env("SANDLOT_COMMAND_GRACE", 5)) or 5.0,
+                   stream_keepalive=float(_int_env("SANDLOT_STREAM_KEEPALIVE", 30)) or 30.0,
                    reserve_mem_mb=_int_env("SANDLOT_RESERVE_MEM_MB",
                                            max(512, _mem_total_mb() // 20)),
                    reserve_disk_mb=_int_env("SANDLOT_RESERVE_DISK_MB", 1024),

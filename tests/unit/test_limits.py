@@ -258,3 +258,21 @@ async def test_a_slow_reader_of_a_command_that_ended_in_time_gets_no_timeout(api
     assert [e.data for e in rest if isinstance(e, Output)] == [b"a\n", b"b\n"]
     assert rest[-1] == Exited(0, False)
     assert api.srv.core.sandboxes.get(sid).error is None
+
+
+@pytest.mark.parametrize("api", [{"stream_keepalive": 0.2}], indirect=True)
+async def test_a_silent_command_stream_gets_keepalive_lines(api) -> None:
+    """Clients and proxies drop a response that stays silent too long (Node's fetch after
+    300 s): while a command prints nothing, its stream carries keepalive lines, which the
+    SDKs skip."""
+    from sandlot.sdk._base import CommandStream
+
+    sid = await sandbox(api)
+    r = await api.post(f"/v1/sandboxes/{sid}/commands", json={"cmd": "sleep 1; echo done"})
+    kinds = [json.loads(line)["type"] for line in r.text.splitlines()]
+    assert kinds[0] == "start" and kinds[-2:] == ["stdout", "exit"], kinds
+    assert kinds.count("keepalive") >= 3, kinds
+    parsed = CommandStream()
+    for line in r.text.splitlines():
+        parsed.feed(line)
+    assert parsed.exit_code == 0 and "".join(parsed._stdout) == "done\n"

@@ -959,14 +959,15 @@ export interface components {
         /**
          * CommandEvent
          * @description One line of a command's NDJSON stream: start (pid), stdout/stderr (data), exit
-         *     (exit_code: 128 + n for a signal n), or error (a typed error that ended the stream).
+         *     (exit_code: 128 + n for a signal n), error (a typed error that ended the stream), or
+         *     keepalive (sent while the command is silent; clients ignore it).
          */
         CommandEvent: {
             /**
              * Type
              * @enum {string}
              */
-            type: "start" | "stdout" | "stderr" | "exit" | "error";
+            type: "start" | "stdout" | "stderr" | "exit" | "error" | "keepalive";
             /**
              * Pid
              * @default null

@@ -230,9 +230,10 @@ class Killed(BaseModel):
 
 class CommandEvent(BaseModel):
     """One line of a command's NDJSON stream: start (pid), stdout/stderr (data), exit
-    (exit_code: 128 + n for a signal n), or error (a typed error that ended the stream)."""
+    (exit_code: 128 + n for a signal n), error (a typed error that ended the stream), or
+    keepalive (sent while the command is silent; clients ignore it)."""
 
-    type: Literal["start", "stdout", "stderr", "exit", "error"]
+    type: Literal["start", "stdout", "stderr", "exit", "error", "keepalive"]
     pid: int | None = None
     data: str | None = None
     exit_code: int | None = None

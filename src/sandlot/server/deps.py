@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -18,10 +20,12 @@ def core(request: Request) -> Core:
     return request.app.state.core
 
 
-async def ndjson(first: ExecEvent | None, events: AsyncIterator[ExecEvent]
-                 ) -> AsyncIterator[bytes]:
+async def ndjson(first: ExecEvent | None, events: AsyncIterator[ExecEvent],
+                 keepalive: float | None = None) -> AsyncIterator[bytes]:
     """Encode command events as NDJSON lines (core.models.CommandEvent); output bytes become
-    text, split-safe. A typed error that ends the stream becomes its last line."""
+    text, split-safe. A typed error that ends the stream becomes its last line. While a
+    command prints nothing, a `keepalive` line goes out every `keepalive` seconds, so
+    clients and proxies that drop a silent response (Node's fetch does after 300 s) do not."""
     decoders = {"stdout": codecs.getincrementaldecoder("utf-8")("replace"),
                 "stderr": codecs.getincrementaldecoder("utf-8")("replace")}
 
@@ -34,13 +38,30 @@ async def ndjson(first: ExecEvent | None, events: AsyncIterator[ExecEvent]
             out = CommandEvent(type="exit", exit_code=ev.exit_code)
         return (out.model_dump_json(exclude_none=True) + "\n").encode()
 
+    pending: asyncio.Future | None = None
     try:
         if first is not None:
             yield line(first)
-        async for ev in events:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            if not done:
+                yield b'{"type":"keepalive"}\n'
+                continue
+            try:
+                ev = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                break
+            pending = None
             yield line(ev)
     except SandlotError as e:
         error = {"type": type(e).__name__, "message": e.message or str(e)}
         yield (json.dumps({"type": "error", "error": error}) + "\n").encode()
     finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
         await events.aclose()

@@ -36,7 +36,8 @@ async def run_command(sandbox_id: str, body: ExecRequest, request: Request):
         return Started(pid=await commands.start(sandbox_id, body))
     events = commands.run(sandbox_id, body)
     first = await anext(events)  # errors before the process starts are plain HTTP errors
-    return StreamingResponse(ndjson(first, events), media_type=NDJSON)
+    return StreamingResponse(ndjson(first, events, core(request).settings.stream_keepalive),
+                             media_type=NDJSON)
 
 
 @router.get("", response_model=ProcessList)
@@ -53,7 +54,8 @@ async def attach(sandbox_id: str, pid: int, request: Request):
         first = await anext(events)
     except StopAsyncIteration:
         first = None
-    return StreamingResponse(ndjson(first, events), media_type=NDJSON)
+    return StreamingResponse(ndjson(first, events, core(request).settings.stream_keepalive),
+                             media_type=NDJSON)
 
 
 @router.post("/{pid}/stdin", status_code=204)
