@@ -199,9 +199,13 @@ def cli() -> None:
 @click.option("--port", default=7070, show_default=True, type=int, help="Port to listen on.")
 @_data_dir_option
 def serve(host: str, port: int, data_dir: Path) -> None:
-    """Run the REST API server."""
+    """Run the REST API server (SIGUSR1 prints every thread's stack to stderr)."""
+    import faulthandler
+    import signal
+
     from sandlot.server import run
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     run(host=host, port=port, data_dir=data_dir)
 
 

@@ -110,7 +110,12 @@ class ServerProcess:
         self.proc = None
 
     def close(self) -> None:
-        """Stop the server and remove everything it left: VMs, run dir, tmpfs files."""
+        """Stop the server and remove everything it left: VMs, run dir, tmpfs files. Its
+        threads' stacks go to its log first (`sandlot serve` prints them on SIGUSR1), so a
+        server that hung a test shows where."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
         self.stop()
         for pid in qemus_under(self.run_root):
             try:
