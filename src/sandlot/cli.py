@@ -200,12 +200,14 @@ def cli() -> None:
 @_data_dir_option
 def serve(host: str, port: int, data_dir: Path) -> None:
     """Run the REST API server (SIGUSR1 prints every thread's stack to stderr)."""
+    import contextlib
     import faulthandler
     import signal
 
     from sandlot.server import run
 
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a descriptor
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     run(host=host, port=port, data_dir=data_dir)
 
 
