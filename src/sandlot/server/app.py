@@ -98,4 +98,8 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
     app = create_app(Settings.from_env(data_dir))
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    # asyncio's own loop, not uvloop: uvloop spawns processes (every QEMU) with a fork that
+    # runs Python in the child, which in a process with busy threads (S3 client, executors)
+    # now and then never reached exec and blocked the server's loop for good.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                loop="asyncio")
