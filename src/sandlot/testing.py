@@ -204,7 +204,7 @@ async def in_process(root: Path, runtime=None, **settings):
     app, runtime = _fake_app(root, runtime, **settings)
     async with app.router.lifespan_context(app):
         srv = InProcess(app=app, runtime=runtime, key="sl_test_" + secrets.token_hex(8))
-        srv.core.db.add_key(srv.key)
+        await srv.core.db.add_key(srv.key)
         yield srv
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sandlot.config import Settings
+from sandlot.core.db import MetadataStore
 from sandlot.core.limits import check_egress, check_env, check_metadata
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
@@ -28,7 +29,6 @@ from sandlot.core.models import (
 )
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
-from sandlot.core.store import MetadataStore
 from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
     InvalidArgumentError,
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 MAX_FORK = 64
 PAUSE_CAPTURE_WAIT = 120.0
 PAUSE_READY_WAIT = 600.0
+ENDED_KEPT = 4096
+# what a listing shows unless asked for other states
+LISTED = (SandboxState.STARTING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.LOST)
 
 
 def new_sandbox_id() -> str:
@@ -68,47 +71,59 @@ def plan_of(rec: SandboxRecord) -> MachinePlan:
 
 class SandboxManager:
     def __init__(self, settings: Settings, db: MetadataStore, runtime: Runtime,
-                 templates: TemplateStore, snapshots: SnapshotManager) -> None:
+                 templates: TemplateStore, snapshots: SnapshotManager, host_id: str) -> None:
         self.settings = settings
         self.db = db
+        self.host_id = host_id
         self.runtime = runtime
         self.templates = templates
         self.snapshots = snapshots
         self.live: dict[str, LiveSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
+        self._ended: dict[str, str] = {}  # state of sandboxes that ran here lately (messages)
 
     # ---- records --------------------------------------------------------------------------
 
-    def _save(self, rec: SandboxRecord) -> None:
-        self.db.put_sandbox(rec.sandbox_id, rec.state.value, to_doc(rec))
+    async def _save(self, rec: SandboxRecord) -> None:
+        if rec.state in (SandboxState.STARTING, SandboxState.RUNNING):
+            rec.host = self.host_id
+        elif rec.state in (SandboxState.STOPPED, SandboxState.FAILED):
+            self._ended[rec.sandbox_id] = rec.state.value
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.pop(next(iter(self._ended)))
+        await self.db.put_sandbox(rec.sandbox_id, rec.state.value, rec.host or self.host_id,
+                                  to_doc(rec))
 
     def get_live(self, sandbox_id: str) -> LiveSandbox:
+        """The sandbox's VM on this host, or NotFoundError."""
         live = self.live.get(sandbox_id)
         if live is None:
-            rec = self.db.get_sandbox(sandbox_id)
-            if rec is None:
-                raise NotFoundError(f"sandbox {sandbox_id!r} not found")
-            raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
-                                f"(state: {rec.get('state')})")
+            state = self._ended.get(sandbox_id)
+            if state is not None:
+                raise NotFoundError(f"sandbox {sandbox_id!r} is not running (state: {state})")
+            raise NotFoundError(f"sandbox {sandbox_id!r} not found or not running")
         return live
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
+    async def get(self, sandbox_id: str) -> SandboxRecord:
         live = self.live.get(sandbox_id)
         if live is not None:
             return live.record
-        doc = self.db.get_sandbox(sandbox_id)
+        doc = await self.db.get_sandbox(sandbox_id)
         if doc is None:
             raise NotFoundError(f"sandbox {sandbox_id!r} not found")
         return SandboxRecord.model_validate(doc)
 
-    def list(self, metadata: dict[str, str] | None = None, all: bool = False,
-             states: tuple[SandboxState, ...] | None = None) -> list[SandboxRecord]:
-        """Running sandboxes (and paused ones, or those in `states`); `all`: every record."""
+    async def list(self, metadata: dict[str, str] | None = None, all: bool = False,
+                   states: tuple[SandboxState, ...] | None = None) -> list[SandboxRecord]:
+        """Running, paused and lost sandboxes of every host (or those in `states`); `all`:
+        every record. This host's running ones come from memory, the rest from the store."""
         if all:
-            recs = [SandboxRecord.model_validate(d) for d in self.db.sandboxes()]
+            docs = await self.db.sandboxes()
         else:
-            recs = [lv.record for lv in self.live.values()]
-            recs += [SandboxRecord.model_validate(d) for d in self.db.sandboxes(("paused",))]
+            docs = await self.db.sandboxes(tuple(s.value for s in LISTED))
+        recs = [lv.record for lv in self.live.values()]
+        recs += [r for r in (SandboxRecord.model_validate(d) for d in docs)
+                 if r.sandbox_id not in self.live]
         if states:
             recs = [r for r in recs if r.state in states]
         if metadata:
@@ -142,7 +157,7 @@ class SandboxManager:
         if vm is not None:  # a pooled VM, already given the record's identity
             rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
             rec.pid = vm.pid
-            self._register(LiveSandbox(rec, vm))
+            await self._register(LiveSandbox(rec, vm))
             return rec
         await self._start(rec, source)
         return rec
@@ -176,27 +191,27 @@ class SandboxManager:
 
     async def _start(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
         """Restore `source` into the sandbox `rec` describes, and register it as live."""
-        self._save(rec)
+        await self._save(rec)
         try:
             vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id)
         except BaseException as e:
             rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
             with contextlib.suppress(SandlotError):
                 transition(rec, SandboxState.FAILED)
-                self._save(rec)
+                await self._save(rec)
             if isinstance(e, SandlotError) or not isinstance(e, Exception):
                 raise
             raise VmmError(f"sandbox failed to start: {rec.error}") from e
         rec.pid = vm.pid
         live = LiveSandbox(rec, vm)
-        self._register(live)
+        await self._register(live)
         return live
 
-    def _register(self, live: LiveSandbox) -> None:
+    async def _register(self, live: LiveSandbox) -> None:
         transition(live.record, SandboxState.RUNNING)
         live.record.error = None
         self.live[live.sandbox_id] = live
-        self._save(live.record)
+        await self._save(live.record)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -205,33 +220,33 @@ class SandboxManager:
         async with self._lock(sandbox_id):
             live = self.live.get(sandbox_id)
             if live is not None:
-                await self._teardown(live, SandboxState.STOPPED)
+                await self.teardown(live, SandboxState.STOPPED)
                 return
-            rec = self.get(sandbox_id)
+            rec = await self.get(sandbox_id)
             if rec.state != SandboxState.PAUSED:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
                                     f"(state: {rec.state.value})")
-            self._drop_pause_snapshot(rec)
+            await self._drop_pause_snapshot(rec)
             transition(rec, SandboxState.STOPPED)
-            self._save(rec)
+            await self._save(rec)
         self._locks.pop(sandbox_id, None)
 
-    async def _teardown(self, live: LiveSandbox, state: SandboxState) -> None:
+    async def teardown(self, live: LiveSandbox, state: SandboxState) -> None:
         self.live.pop(live.sandbox_id, None)
         await self.runtime.kill(live.vm)
         rec = live.record
         rec.pid = None
         transition(rec, state)
-        self._save(rec)
+        await self._save(rec)
 
-    def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
+    async def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         if timeout < 0 or timeout > self.settings.max_timeout:
             raise InvalidArgumentError(
                 f"timeout must be between 0 and {self.settings.max_timeout} seconds")
         rec = self.get_live(sandbox_id).record
         rec.timeout = timeout
         rec.expires_at = now() + timedelta(seconds=timeout) if timeout else None
-        self._save(rec)
+        await self._save(rec)
         return rec
 
     async def reap_expired(self) -> list[str]:
@@ -243,14 +258,14 @@ class SandboxManager:
             log.info("sandbox %s reached its timeout", live.sandbox_id)
             async with live.lock:
                 if live.sandbox_id in self.live:
-                    await self._teardown(live, SandboxState.STOPPED)
+                    await self.teardown(live, SandboxState.STOPPED)
         for live in dead:
             log.warning("sandbox %s: its VM exited on its own: %s", live.sandbox_id,
                         live.vm.diagnostics())
             live.record.error = "the VM exited unexpectedly"
             async with live.lock:
                 if live.sandbox_id in self.live:
-                    await self._teardown(live, SandboxState.FAILED)
+                    await self.teardown(live, SandboxState.FAILED)
         return [lv.sandbox_id for lv in expired + dead]
 
     # ---- network --------------------------------------------------------------------------
@@ -283,16 +298,16 @@ class SandboxManager:
             rec.network = network
         await self.runtime.set_network(live.vm, policy_of(rec))
         live.record.internet, live.record.network = rec.internet, rec.network
-        self._save(live.record)
+        await self._save(live.record)
         return live.record
 
     # ---- snapshots, fork, rollback --------------------------------------------------------
 
-    def snapshot(self, sandbox_id: str, name: str | None = None,
-                 kind: SnapshotKind = SnapshotKind.USER):
+    async def snapshot(self, sandbox_id: str, name: str | None = None,
+                       kind: SnapshotKind = SnapshotKind.USER):
         """Start a snapshot of a running sandbox; it goes on in the background."""
         live = self.get_live(sandbox_id)
-        rec = self.snapshots.begin(live, name, kind)
+        rec = await self.snapshots.begin(live, name, kind)
         self.snapshots.start(live, rec)
         return rec
 
@@ -363,14 +378,14 @@ class SandboxManager:
             if self.live.get(sandbox_id) is not live:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
-            snap = self.snapshots.begin(live, None, SnapshotKind.PAUSE)
+            snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE)
             try:
                 captured = await self.snapshots.capture(live, snap)
             except SandlotError as e:
                 raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}"
                                    ) from e
             rec.paused_snapshot = snap.snapshot_id
-            await self._teardown(live, SandboxState.PAUSED)
+            await self.teardown(live, SandboxState.PAUSED)
             self._locks[sandbox_id] = live.lock
         try:
             await self.snapshots.upload(snap, captured)
@@ -379,7 +394,7 @@ class SandboxManager:
             rec.error = f"pausing failed: {e.message}"
             rec.paused_snapshot = None
             transition(rec, SandboxState.STOPPED)
-            self._save(rec)
+            await self._save(rec)
             raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}") from e
         finally:
             self.runtime.release(snap.snapshot_id)
@@ -388,7 +403,7 @@ class SandboxManager:
     async def resume(self, sandbox_id: str, timeout: int | None = None) -> SandboxRecord:
         """Bring a paused sandbox back, exactly where it was, under its id."""
         async with self._lock(sandbox_id):
-            rec = self.get(sandbox_id)
+            rec = await self.get(sandbox_id)
             if rec.state != SandboxState.PAUSED or not rec.paused_snapshot:
                 raise InvalidStateError(f"sandbox {sandbox_id} is {rec.state.value}",
                                         current=rec.state.value, allowed=("paused",))
@@ -408,16 +423,16 @@ class SandboxManager:
             except SandlotError:
                 rec.state = SandboxState.PAUSED  # its state is still there: it may try again
                 rec.error = None
-                self._save(rec)
+                await self._save(rec)
                 raise
-            self._drop_pause_snapshot(rec)
+            await self._drop_pause_snapshot(rec)
         self._locks.pop(sandbox_id, None)
         return rec
 
-    def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
+    async def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
         if rec.paused_snapshot:
             with contextlib.suppress(SandlotError):
-                self.snapshots.delete(rec.paused_snapshot)
+                await self.snapshots.delete(rec.paused_snapshot)
             rec.paused_snapshot = None
 
 

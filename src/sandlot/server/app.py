@@ -46,10 +46,10 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         core = Core(settings, runtime or default_runtime(settings))
+        await core.start(settings.advertise_url or "")
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
-            core.db.add_key(preset)
-        await core.start()
+            await core.db.add_key(preset)
         app.state.core = core
         try:
             yield

@@ -71,12 +71,12 @@ async def list_sandboxes(request: Request, metadata: str | None = None, all: boo
             raise InvalidArgumentError("metadata must be a JSON object of strings") from None
         wanted = {str(k): str(v) for k, v in wanted.items()}
     states = tuple(state) if state else None
-    return SandboxList(sandboxes=core(request).sandboxes.list(wanted, all=all, states=states))
+    return SandboxList(sandboxes=await core(request).sandboxes.list(wanted, all=all, states=states))
 
 
 @router.get("/{sandbox_id}", response_model=SandboxRecord)
 async def get_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
-    return core(request).sandboxes.get(sandbox_id)
+    return await core(request).sandboxes.get(sandbox_id)
 
 
 @router.delete("/{sandbox_id}", status_code=204)
@@ -87,7 +87,7 @@ async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
 
 @router.post("/{sandbox_id}/timeout", response_model=SandboxRecord)
 async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> SandboxRecord:
-    return core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    return await core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
 
 
 @router.post("/{sandbox_id}/fork", response_model=ForkResult)
@@ -126,7 +126,7 @@ async def resume_sandbox(sandbox_id: str, request: Request,
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
-    return core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+    return await core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
 
 
 class PortBody(BaseModel):
@@ -156,7 +156,7 @@ async def set_network(sandbox_id: str, body: NetworkBody, request: Request) -> S
     sandboxes = core(request).sandboxes
     network = None
     if body.allow_out is not None or body.deny_out is not None:
-        current = sandboxes.get(sandbox_id).network or NetworkSpec()
+        current = (await sandboxes.get(sandbox_id)).network or NetworkSpec()
         network = NetworkSpec(
             allow_out=body.allow_out if body.allow_out is not None else current.allow_out,
             deny_out=body.deny_out if body.deny_out is not None else current.deny_out)

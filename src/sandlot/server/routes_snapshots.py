@@ -35,17 +35,17 @@ class RestoreBody(SandboxOverrides):
 
 @router.get("/v1/snapshots", response_model=SnapshotList)
 async def list_snapshots(request: Request, sandbox_id: str | None = None) -> SnapshotList:
-    return SnapshotList(snapshots=core(request).snapshots.list(sandbox_id))
+    return SnapshotList(snapshots=await core(request).snapshots.list(sandbox_id))
 
 
 @router.get("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def get_snapshot(id_or_name: str, request: Request) -> SnapshotRecord:
-    return core(request).snapshots.get(id_or_name, include_deleted=True)
+    return await core(request).snapshots.get(id_or_name, include_deleted=True)
 
 
 @router.patch("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def rename_snapshot(id_or_name: str, body: RenameBody, request: Request) -> SnapshotRecord:
-    return core(request).snapshots.rename(id_or_name, body.name)
+    return await core(request).snapshots.rename(id_or_name, body.name)
 
 
 @router.post("/v1/snapshots/{id_or_name}/wait", response_model=SnapshotRecord)
@@ -57,7 +57,7 @@ async def wait_snapshot(id_or_name: str, request: Request,
 
 @router.delete("/v1/snapshots/{id_or_name}", status_code=204)
 async def delete_snapshot(id_or_name: str, request: Request) -> Response:
-    core(request).snapshots.delete(id_or_name)
+    await core(request).snapshots.delete(id_or_name)
     return Response(status_code=204)
 
 

@@ -40,7 +40,7 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 signed_router = APIRouter(include_in_schema=False)
 
 
-def envd_call(request: Request) -> Envd:
+async def envd_call(request: Request) -> Envd:
     """Authenticate an in-sandbox request and find its sandbox, which must be running."""
     c, st = core(request), e2b_state(request)
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
@@ -53,7 +53,7 @@ def envd_call(request: Request) -> Envd:
             raise AuthenticationError("invalid X-Access-Token for this sandbox")
     else:
         key = request.headers.get("x-api-key")
-        if not key or not c.db.key_valid(key):
+        if not key or not await c.key_valid(key):
             raise AuthenticationError("missing X-Access-Token (or a sandlot key in X-API-Key)")
     port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
     if port != ENVD_PORT:
@@ -76,16 +76,16 @@ async def rpc(service: str, method: str, request: Request) -> Response:
         handler = unary[method]
 
         async def call(msg: dict) -> dict:
-            return await handler(envd_call(request), msg)
+            return await handler(await envd_call(request), msg)
 
         return await connect.unary(request, call, where)
     try:
         if method in server_stream:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
             msg = await connect.read_single_envelope(request)
             return connect.server_stream(server_stream[method](ctx, msg), where)
         if method in client_stream:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
             reply = await client_stream[method](ctx, connect.read_envelopes(request))
             return Response(connect.envelope(reply) + connect.end_stream(),
                             media_type=connect.STREAM_TYPE)
@@ -125,7 +125,7 @@ async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[
         if signed and "e2b-sandbox-id" not in request.headers:
             ctx = signed_call(request, signed)
         else:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
         return await handler(ctx, request)
     except Exception as e:  # noqa: BLE001 - envd's plain error shape
         return api_error(e, request)
