@@ -142,17 +142,6 @@ class Hosts:
             except Exception as e:  # noqa: BLE001 - the heartbeat must keep going
                 log.warning("heartbeat failed: %s", e)
 
-    def check_slot(self, count: int = 1) -> None:
-        """Room here for `count` more sandboxes (SANDLOT_MAX_SANDBOXES), or CapacityError."""
-        running, slots = self._running(), self.settings.max_sandboxes
-        if running + count > slots:
-            raise CapacityError(
-                f"host {self.id} runs {running} of its {slots} sandboxes "
-                f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
-
-    def free_slots(self) -> int:
-        return max(0, self.settings.max_sandboxes - self._running())
-
     # ---- the deployment -------------------------------------------------------------------
 
     async def list(self) -> list[HostInfo]:

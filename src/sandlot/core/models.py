@@ -126,7 +126,7 @@ class SnapshotRecord(BaseModel):
     pause_ms: float | None = None
     capture_ms: float | None = None
     kind: SnapshotKind = Field(SnapshotKind.USER, exclude=True)
-    internal: bool = Field(False, exclude=True)  # a fork's, by a sandlot before 0.2
+    internal: bool = Field(False, exclude=True)  # a fork's, for children on other hosts
     machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
     workdir: str | None = Field(None, exclude=True)
     build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))

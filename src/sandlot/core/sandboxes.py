@@ -31,6 +31,7 @@ from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
 from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
+    CapacityError,
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
@@ -151,6 +152,7 @@ class SandboxManager:
         if req.template and req.snapshot_id:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
         self.check_request(req)
+        self.check_room()
         source = await self.resolve_source(req)
         rec = self._new_record(source, req)
         vm = await self.runtime.claim(source.image, plan_of(rec))
@@ -161,6 +163,16 @@ class SandboxManager:
             return rec
         await self._start(rec, source)
         return rec
+
+    def check_room(self, count: int = 1) -> None:
+        """Room on this host for `count` more sandboxes (SANDLOT_MAX_SANDBOXES)."""
+        running, slots = len(self.live), self.settings.max_sandboxes
+        if running + count > slots:
+            raise CapacityError(f"host {self.host_id} runs {running} of its {slots} sandboxes "
+                                f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
+
+    def free_slots(self) -> int:
+        return max(0, self.settings.max_sandboxes - len(self.live))
 
     def check_request(self, req: CreateSandbox) -> None:
         """The caller's env, metadata and egress rules are within the limits."""
@@ -223,6 +235,10 @@ class SandboxManager:
                 await self.teardown(live, SandboxState.STOPPED)
                 return
             rec = await self.get(sandbox_id)
+            if rec.state == SandboxState.LOST:  # its host is gone: close the record
+                transition(rec, SandboxState.STOPPED)
+                await self._save(rec)
+                return
             if rec.state != SandboxState.PAUSED:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
                                     f"(state: {rec.state.value})")
@@ -304,10 +320,10 @@ class SandboxManager:
     # ---- snapshots, fork, rollback --------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, name: str | None = None,
-                       kind: SnapshotKind = SnapshotKind.USER):
+                       kind: SnapshotKind = SnapshotKind.USER, internal: bool = False):
         """Start a snapshot of a running sandbox; it goes on in the background."""
         live = self.get_live(sandbox_id)
-        rec = await self.snapshots.begin(live, name, kind)
+        rec = await self.snapshots.begin(live, name, kind, internal)
         self.snapshots.start(live, rec)
         return rec
 
@@ -316,6 +332,7 @@ class SandboxManager:
         if not 1 <= count <= MAX_FORK:
             raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
         live = self.get_live(sandbox_id)
+        self.check_room(count)
         parent = live.record
         key = "fork-" + secrets.token_hex(5)
         async with live.lock:
@@ -407,6 +424,7 @@ class SandboxManager:
             if rec.state != SandboxState.PAUSED or not rec.paused_snapshot:
                 raise InvalidStateError(f"sandbox {sandbox_id} is {rec.state.value}",
                                         current=rec.state.value, allowed=("paused",))
+            self.check_room()
             snap = await self.snapshots.wait(rec.paused_snapshot, PAUSE_READY_WAIT)
             if snap.state != SnapshotState.READY:
                 raise StorageError(f"sandbox {sandbox_id}'s paused state is {snap.state.value}"

@@ -180,14 +180,16 @@ class SnapshotManager:
     # ---- taking snapshots -----------------------------------------------------------------
 
     async def begin(self, live: LiveSandbox, name: str | None,
-                    kind: SnapshotKind = SnapshotKind.USER) -> SnapshotRecord:
-        """A new `creating` record for a snapshot of `live`."""
+                    kind: SnapshotKind = SnapshotKind.USER,
+                    internal: bool = False) -> SnapshotRecord:
+        """A new `creating` record for a snapshot of `live` (`internal`: not listed, deleted
+        by its host's next start if still there: a fork's, for children on other hosts)."""
         await self.check_name(name)
         sb = live.record
         rec = SnapshotRecord(
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
-            kind=kind, workdir=sb.workdir, build=sb.build,
+            kind=kind, workdir=sb.workdir, build=sb.build, internal=internal,
         )
         self._progress[rec.snapshot_id] = _Progress()
         await self._save(rec)

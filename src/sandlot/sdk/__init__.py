@@ -4,7 +4,13 @@
 Import these from `sandlot` itself; the modules under this package are private.
 """
 
-from ._async._client import AsyncSandboxes, AsyncSandlot, AsyncSnapshots, AsyncTemplates
+from ._async._client import (
+    AsyncHosts,
+    AsyncSandboxes,
+    AsyncSandlot,
+    AsyncSnapshots,
+    AsyncTemplates,
+)
 from ._async._commands import AsyncCommandHandle, AsyncCommands
 from ._async._files import AsyncFiles
 from ._async._http import AsyncByteStream
@@ -13,12 +19,13 @@ from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
 from ._models import (
     CommandResult,
     EntryInfo,
+    HostInfo,
     ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
     TemplateInfo,
 )
-from ._sync._client import Sandboxes, Sandlot, Snapshots, Templates
+from ._sync._client import Hosts, Sandboxes, Sandlot, Snapshots, Templates
 from ._sync._commands import CommandHandle, Commands
 from ._sync._files import Files
 from ._sync._http import ByteStream
@@ -30,6 +37,7 @@ __all__ = [
     "AsyncCommands",
     "AsyncFiles",
     "AsyncForkList",
+    "AsyncHosts",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncSandlot",
@@ -44,6 +52,8 @@ __all__ = [
     "EntryInfo",
     "Files",
     "ForkList",
+    "HostInfo",
+    "Hosts",
     "ProcessInfo",
     "SandboxInfo",
     "Sandbox",

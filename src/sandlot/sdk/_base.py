@@ -285,6 +285,14 @@ def get_template(name: str) -> Request:
     return Request("GET", f"/v1/templates/{_seg(name)}")
 
 
+def list_hosts() -> Request:
+    return Request("GET", "/v1/hosts")
+
+
+def set_host_state(host_id: str, action: str) -> Request:
+    return Request("POST", f"/v1/hosts/{_seg(host_id)}/{action}")
+
+
 def health() -> Request:
     return Request("GET", "/health")
 

@@ -16,6 +16,7 @@ from sandlot.core.models import (
 )
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
+from sandlot.server.placement import elsewhere, fork_spread
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -52,8 +53,9 @@ class ForkResult(BaseModel):
 
 
 @router.post("", status_code=201, response_model=SandboxRecord)
-async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord:
-    return await core(request).sandboxes.create(body)
+async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord | Response:
+    """A new sandbox from a template or a snapshot, on the host placement picks."""
+    return await elsewhere(request, body) or await core(request).sandboxes.create(body)
 
 
 @router.get("", response_model=SandboxList)
@@ -92,12 +94,21 @@ async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> S
 
 @router.post("/{sandbox_id}/fork", response_model=ForkResult)
 async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> ForkResult:
-    forked = await core(request).sandboxes.fork(sandbox_id, body.count)
-    results = forked.children
+    """`count` copy-on-write children of the sandbox's current state; in a deployment, those
+    that do not fit on its host start on others."""
+    c = core(request)
+    here = min(body.count, c.sandboxes.free_slots()) if c.hosts.shared else body.count
+    results: list = []
+    pause_ms = 0.0
+    if here:
+        forked = await c.sandboxes.fork(sandbox_id, here)
+        results, pause_ms = list(forked.children), forked.pause_ms
+    if body.count > here:
+        results += await fork_spread(request, sandbox_id, body.count - here)
     ok = [r for r in results if isinstance(r, SandboxRecord)]
     errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
-    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(forked.pause_ms, 2))
+    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(pause_ms, 2))
 
 
 @router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)

@@ -13,6 +13,7 @@ from sandlot.core.models import (
     TemplateInfo,
 )
 from sandlot.server.deps import core
+from sandlot.server.placement import elsewhere
 
 router = APIRouter(tags=["snapshots"])
 
@@ -63,14 +64,14 @@ async def delete_snapshot(id_or_name: str, request: Request) -> Response:
 
 @router.post("/v1/snapshots/{id_or_name}/restore", status_code=201, response_model=SandboxRecord)
 async def restore_snapshot(id_or_name: str, request: Request,
-                           body: RestoreBody | None = None) -> SandboxRecord:
+                           body: RestoreBody | None = None) -> SandboxRecord | Response:
     body = body or RestoreBody()
     metadata = dict(body.metadata or {})
     if body.name:
         metadata.setdefault("name", body.name)
     req = CreateSandbox(snapshot_id=id_or_name,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
-    return await core(request).sandboxes.create(req)
+    return await elsewhere(request, req) or await core(request).sandboxes.create(req)
 
 
 @router.get("/v1/templates", response_model=TemplateList)

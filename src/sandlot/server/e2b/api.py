@@ -28,6 +28,7 @@ from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
+from sandlot.server.placement import elsewhere
 
 PREFIX = "/e2b"
 MAX_PAGE = 100
@@ -166,6 +167,9 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         env=body.env_vars or {}, metadata=body.metadata or {},
                         timeout=body.timeout, internet=body.allow_internet_access is not False,
                         network=_network(body.network))
+    placed = await elsewhere(request, req)
+    if placed is not None:
+        return placed
     rec = await c.sandboxes.create(req)
     return _answer(st, rec, 201)
 
