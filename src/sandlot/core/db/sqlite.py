@@ -111,8 +111,11 @@ class SqliteStore:
     async def put_snapshot(self, snapshot_id: str, name: str | None, state: str, host: str,
                            doc: dict, created_at: float) -> None:
         try:
-            self._q("INSERT OR REPLACE INTO snapshots (id, name, state, doc, created_at, host) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+            # an upsert, not INSERT OR REPLACE: that would delete the row holding the name
+            self._q("INSERT INTO snapshots (id, name, state, doc, created_at, host) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                    "name = excluded.name, state = excluded.state, doc = excluded.doc, "
+                    "host = excluded.host",
                     (snapshot_id, name, state, json.dumps(doc), created_at, host))
         except sqlite3.IntegrityError:
             raise NameTaken(name) from None
