@@ -81,19 +81,24 @@ class SandboxManager:
         self.snapshots = snapshots
         self.live: dict[str, LiveSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
-        self._ended: dict[str, str] = {}  # state of sandboxes that ran here lately (messages)
+        self._ended: dict[str, str] = {}  # last known state of sandboxes not running here
 
     # ---- records --------------------------------------------------------------------------
 
     async def _save(self, rec: SandboxRecord) -> None:
         if rec.state in (SandboxState.STARTING, SandboxState.RUNNING):
             rec.host = self.host_id
-        elif rec.state in (SandboxState.STOPPED, SandboxState.FAILED):
-            self._ended[rec.sandbox_id] = rec.state.value
-            while len(self._ended) > ENDED_KEPT:
-                self._ended.pop(next(iter(self._ended)))
+        elif rec.state in (SandboxState.STOPPED, SandboxState.FAILED, SandboxState.PAUSED):
+            self.seen(rec.sandbox_id, rec.state.value)
         await self.db.put_sandbox(rec.sandbox_id, rec.state.value, rec.host or self.host_id,
                                   to_doc(rec))
+
+    def seen(self, sandbox_id: str, state: str) -> None:
+        """Remember the state of a sandbox that does not run here (for error messages)."""
+        self._ended.pop(sandbox_id, None)
+        self._ended[sandbox_id] = state
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.pop(next(iter(self._ended)))
 
     def get_live(self, sandbox_id: str) -> LiveSandbox:
         """The sandbox's VM on this host, or NotFoundError."""

@@ -56,9 +56,10 @@ class Peers:
         await self.client.aclose()
 
     async def relay(self, scope: Scope, receive: Receive, send: Send, base_url: str,
-                    body: bytes | None = None) -> None:
+                    body: bytes | None = None, fallback=None) -> None:
         """Send the request of `scope` to `base_url` and stream its answer to `send`;
-        `body`: the request body when a route has read it already."""
+        `body`: the request body when a route has read it already; `fallback`: what answers
+        instead when the host cannot be reached at all."""
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string") or b""
         url = base_url.rstrip("/") + path.decode("latin-1") + (
@@ -87,7 +88,10 @@ class Peers:
         except httpx.HTTPError as e:
             log.warning("forwarding %s %s to %s failed: %s", scope["method"], scope["path"],
                         base_url, e)
-            await _answer(send, scope, 503, "HostUnavailable",
+            if fallback is not None and isinstance(e, httpx.ConnectError):
+                await fallback()  # nothing was sent: answered here, from the records
+                return
+            await _answer(send, scope, 503, "HostUnavailableError",
                           f"the host that runs this sandbox ({base_url}) did not answer: {e}")
             return
         try:
@@ -131,12 +135,22 @@ class ForwardToOwner:
         if sandbox_id is None or sandbox_id in core.sandboxes.live:
             await self.app(scope, receive, send)
             return
-        host = await core.db.sandbox_host(sandbox_id)
+        doc = await core.db.get_sandbox(sandbox_id)
+        host = doc.get("host") if doc else None
         url = await core.hosts.url_of(host) if host else None
         if url is None:  # here, unknown, or its host is gone: answered here
+            if doc is not None:
+                core.sandboxes.seen(sandbox_id, str(doc.get("state")))
             await self.app(scope, receive, send)
             return
-        await scope["app"].state.peers.relay(scope, receive, send, url)
+        async def here() -> None:
+            await self.app(scope, receive, send)
+
+        # A read of a host that does not answer is served from the records (a sandbox of a
+        # host about to be reported lost still shows, as it was last known).
+        reads = scope["method"] in ("GET", "HEAD")
+        await scope["app"].state.peers.relay(scope, receive, send, url,
+                                             fallback=here if reads else None)
 
 
 def _forwarded(scope: Scope) -> bool:
