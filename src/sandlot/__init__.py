@@ -14,6 +14,7 @@ from sandlot.errors import (
     AuthenticationError,
     BuildError,
     CapacityError,
+    HostUnavailableError,
     CommandTimeoutError,
     ConflictError,
     GuestError,
@@ -106,6 +107,7 @@ __all__ = [
     # errors
     "SandlotError",
     "CapacityError",
+    "HostUnavailableError",
     "InvalidArgumentError",
     "PayloadTooLargeError",
     "AuthenticationError",
