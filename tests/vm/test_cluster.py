@@ -79,6 +79,26 @@ def test_a_sandbox_is_used_through_any_host(cluster) -> None:
     assert client(cluster["c"]).sandboxes.get_info(sbx.sandbox_id).state == "stopped"
 
 
+def test_the_e2b_sdk_works_through_a_host_that_does_not_run_the_sandbox(cluster) -> None:
+    import e2b
+
+    def opts(srv) -> dict:
+        return {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
+                "api_key": srv.key}
+
+    sbx = e2b.Sandbox.create("base", timeout=600, **opts(cluster["a"]))
+    owner = client(cluster["a"]).sandboxes.get_info(sbx.sandbox_id).host
+    other = next(srv for name, srv in cluster.items() if f"host-{name}" != owner)
+    remote = e2b.Sandbox.connect(sbx.sandbox_id, **opts(other))
+    assert remote.commands.run("echo e2b").stdout == "e2b\n"
+    remote.files.write("/root/e2b.txt", "through another host")
+    assert remote.files.read("/root/e2b.txt") == "through another host"
+    url = remote.download_url("/root/e2b.txt", use_signature_expiration=60)
+    assert httpx.get(url).text == "through another host"  # signed, naming no sandbox
+    assert sbx.sandbox_id in {i.sandbox_id for i in e2b.Sandbox.list(**opts(other)).next_items()}
+    remote.kill()
+
+
 def test_a_snapshot_taken_on_one_host_restores_and_forks_on_another(cluster) -> None:
     a, b = cluster["a"], cluster["b"]
     src = Sandbox.create(timeout=600, **a.client_kwargs())

@@ -22,6 +22,7 @@ from sandlot.server import errors
 from sandlot.server.auth import require_key
 from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
+from sandlot.server.e2b.state import start_e2b_state
 from sandlot.server.forward import ForwardToOwner, Peers
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         if preset:
             await core.db.add_key(preset)
         app.state.peers = Peers(core.host_id)
+        await start_e2b_state(app.state, core)
         app.state.core = core
         try:
             yield

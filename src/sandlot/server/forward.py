@@ -27,6 +27,7 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trail
               b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
 SANDBOX_PATH = re.compile(r"^/(?:v1|e2b|e2b/v2)/sandboxes/(sb-[A-Za-z0-9_-]+)(?:/|$)")
 ENVD_PATH = "/e2b/envd/"
+SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
 
 
 def sandbox_of(scope: Scope) -> str | None:
@@ -132,6 +133,12 @@ class ForwardToOwner:
             await self.app(scope, receive, send)
             return
         sandbox_id = sandbox_of(scope)
+        if sandbox_id is None and _signed_file_url(scope):
+            host = await _signed_owner(scope, core)
+            url = await core.hosts.url_of(host) if host else None
+            if url is not None:
+                await scope["app"].state.peers.relay(scope, receive, send, url)
+                return
         if sandbox_id is None or sandbox_id in core.sandboxes.live:
             await self.app(scope, receive, send)
             return
@@ -151,6 +158,25 @@ class ForwardToOwner:
         reads = scope["method"] in ("GET", "HEAD")
         await scope["app"].state.peers.relay(scope, receive, send, url,
                                              fallback=here if reads else None)
+
+
+def _signed_file_url(scope: Scope) -> bool:
+    """E2B's download_url()/upload_url(): /files naming no sandbox, only a signature."""
+    return (scope.get("path") in SIGNED_FILE_PATHS and b"signature=" in
+            (scope.get("query_string") or b""))
+
+
+async def _signed_owner(scope: Scope, core) -> str | None:
+    from urllib.parse import parse_qsl
+
+    from sandlot.server.e2b.envd import signed_owner
+
+    st = getattr(scope["app"].state, "e2b", None)
+    if st is None:
+        return None
+    query = dict(parse_qsl((scope.get("query_string") or b"").decode("latin-1")))
+    query["_method"] = scope["method"]
+    return await signed_owner(core, st, query)
 
 
 def _forwarded(scope: Scope) -> bool:

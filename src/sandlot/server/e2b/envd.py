@@ -109,14 +109,31 @@ def signed_call(request: Request, operation: str) -> Envd:
         raise AuthenticationError("this signed file URL has expired")
     user = q.get("username") or ""
     for sandbox_id in list(c.sandboxes.live):
-        raw = f"{q.get('path', '')}:{operation}:{user}:{st.tokens.token(sandbox_id)}"
-        if expires is not None:
-            raw += f":{expires}"
-        digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=")
-        if hmac.compare_digest(b"v1_" + digest, signature.encode()):
+        if signs(st.tokens, sandbox_id, q, operation):
             return Envd(core=c, state=st, sandbox_id=sandbox_id,
                         user=check_user(user) if user else DEFAULT_USER)
     raise AuthenticationError("no running sandbox matches this signed file URL")
+
+
+def signs(tokens, sandbox_id: str, query, operation: str) -> bool:
+    """Whether the signature of a file URL's `query` is `sandbox_id`'s (E2B's v1)."""
+    expires = query.get("signature_expiration")
+    raw = (f"{query.get('path', '')}:{operation}:{query.get('username') or ''}:"
+           f"{tokens.token(sandbox_id)}")
+    if expires is not None:
+        raw += f":{expires}"
+    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=")
+    return hmac.compare_digest(b"v1_" + digest, query.get("signature", "").encode())
+
+
+async def signed_owner(c, st, query) -> str | None:
+    """In a deployment: the host running the sandbox a signed file URL is for, if another."""
+    operation = "write" if query.get("_method") == "POST" else "read"
+    for doc in await c.db.sandboxes(("running",)):
+        if doc.get("host") != c.host_id and signs(st.tokens, doc["sandbox_id"], query,
+                                                  operation):
+            return doc.get("host")
+    return None
 
 
 async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[Response]],
