@@ -107,6 +107,7 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
     logging.basicConfig(level=os.environ.get("SANDLOT_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every forwarded request
     settings = Settings.from_env(data_dir)
     if not settings.advertise_url:
         name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
