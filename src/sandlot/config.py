@@ -21,7 +21,8 @@ once and kept in <data>/host-id), SANDLOT_ADVERTISE_URL (the URL other hosts rea
 default http://<bind address>:<port>), SANDLOT_MAX_SANDBOXES (sandbox slots of this host;
 default one per 256 MiB of RAM), SANDLOT_HEARTBEAT (seconds between heartbeats; default 2) and
 SANDLOT_HOST_TIMEOUT (seconds of silence after which a host and its sandboxes are `lost`;
-default 6).
+default 6). SANDLOT_METRICS_INTERVAL: seconds between samples of each sandbox's CPU, memory
+and disk use (default 5; an hour of them is kept).
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class Settings:
     advertise_url: str | None = None  # default: set by the server from its bind address
     max_sandboxes: int = field(default_factory=lambda: max(4, _mem_total_mb() // 256))
     heartbeat_interval: float = 2.0
+    metrics_interval: float = 5.0  # seconds between samples of each sandbox's usage
     host_timeout: float = 6.0
 
     @classmethod
@@ -158,7 +160,8 @@ class Settings:
                    max_sandboxes=_int_env("SANDLOT_MAX_SANDBOXES",
                                           max(4, _mem_total_mb() // 256)) or 1,
                    heartbeat_interval=_float_env("SANDLOT_HEARTBEAT", 2.0),
-                   host_timeout=_float_env("SANDLOT_HOST_TIMEOUT", 6.0))
+                   host_timeout=_float_env("SANDLOT_HOST_TIMEOUT", 6.0),
+                   metrics_interval=_float_env("SANDLOT_METRICS_INTERVAL", 5.0))
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -160,6 +160,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{sandbox_id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Sandbox Metrics
+         * @description The sandbox's CPU, memory and disk use, sampled from the host every
+         *     SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
+         *     since the epoch).
+         */
+        get: operations["sandbox_metrics_v1_sandboxes__sandbox_id__metrics_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{sandbox_id}/ports": {
         parameters: {
             query?: never;
@@ -784,6 +806,11 @@ export interface components {
             /** Killed */
             killed: boolean;
         };
+        /** MetricList */
+        MetricList: {
+            /** Metrics */
+            metrics: components["schemas"]["SandboxMetric"][];
+        };
         /** MkdirBody */
         MkdirBody: {
             /** Path */
@@ -898,6 +925,28 @@ export interface components {
         SandboxList: {
             /** Sandboxes */
             sandboxes: components["schemas"]["SandboxRecord"][];
+        };
+        /**
+         * SandboxMetric
+         * @description One sample. `cpu_used_pct` is of the sandbox's own vCPUs (100: all of them busy);
+         *     `mem_used` is the memory that is the sandbox's own on the host (pages it changed since
+         *     its restore, and QEMU's), `disk_used` the bytes its own disk layers hold.
+         */
+        SandboxMetric: {
+            /** Timestamp */
+            timestamp: number;
+            /** Cpu Count */
+            cpu_count: number;
+            /** Cpu Used Pct */
+            cpu_used_pct: number;
+            /** Mem Used */
+            mem_used: number;
+            /** Mem Total */
+            mem_total: number;
+            /** Disk Used */
+            disk_used: number;
+            /** Disk Total */
+            disk_total: number;
         };
         /** SandboxRecord */
         SandboxRecord: {
@@ -1470,6 +1519,40 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SnapshotRecord"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    sandbox_metrics_v1_sandboxes__sandbox_id__metrics_get: {
+        parameters: {
+            query?: {
+                start?: number | null;
+                end?: number | null;
+            };
+            header?: never;
+            path: {
+                sandbox_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MetricList"];
                 };
             };
             /** @description Validation Error */

@@ -21,6 +21,7 @@ from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore, image_of
+from sandlot.core.usage import UsageSampler
 from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 
@@ -43,6 +44,8 @@ class Core:
         self.hosts = Hosts(settings, self.db, runtime, self.host_id,
                            running=lambda: len(self.sandboxes.live))
         self.hosts.on_back = self._remove_lost
+        self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
+                                  interval=settings.metrics_interval)
         self.commands = Commands(self.sandboxes.get_live, settings.limits,
                                  settings.command_grace)
         self.files = Files(self.sandboxes.get_live, settings.limits)
@@ -65,9 +68,11 @@ class Core:
                             asyncio.create_task(self._gc_loop())]
         await self.runtime.start()
         await self.hosts.start(url)
+        self.usage.start()
         self._reaper = asyncio.create_task(self._reap_loop())
 
     async def stop(self, kill_sandboxes: bool = False) -> None:
+        await self.usage.stop()
         await self.hosts.stop()
         for task in [self._reaper, *self._background]:
             if task is not None:

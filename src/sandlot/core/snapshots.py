@@ -16,6 +16,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandlot.core.db import MetadataStore, NameTaken
@@ -62,6 +63,7 @@ class SnapshotManager:
         self.runtime = runtime
         self.host_id = host_id
         self._changed = asyncio.Event()  # another host changed a snapshot (shared store)
+        self.on_ready: Callable[[SnapshotRecord], None] | None = None  # metrics
         if hasattr(db, "on_snapshot_change"):
             db.on_snapshot_change(lambda _id: self._changed.set())
         self._progress: dict[str, _Progress] = {}
@@ -243,6 +245,8 @@ class SnapshotManager:
             transition(rec, SnapshotState.READY)
             rec.ready_at = now()
             await self._save(rec)
+            if self.on_ready is not None and rec.kind == SnapshotKind.USER:
+                self.on_ready(rec)
         except BaseException as e:
             await self._fail(rec, e)
             raise

@@ -84,6 +84,20 @@ class Room:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a VM uses now, measured from the host: CPU time so far, memory that is its own
+    (pages it changed or allocated, not the image pages it shares), the bytes its own disk
+    layers hold, and its sizes."""
+
+    cpu_seconds: float
+    memory_bytes: int
+    memory_total_bytes: int
+    disk_bytes: int
+    disk_total_bytes: int
+    cpus: int
+
+
+@dataclass(frozen=True)
 class Stored:
     size_bytes: int  # logical size of the image's files
     stored_bytes: int  # what storing it added to the store
@@ -238,6 +252,10 @@ class Runtime(abc.ABC):
 
     def pool_stats(self) -> dict[str, dict]:
         return {}
+
+    def usage(self, vm: Vm) -> Usage | None:
+        """The VM's use of CPU, memory and disk (None if it is gone)."""
+        return None
 
     def room(self) -> Room:
         """What this host can still take, for placement across hosts (core/hosts.py)."""

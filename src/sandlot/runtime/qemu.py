@@ -41,6 +41,7 @@ from sandlot.runtime.base import (
     Room,
     Runtime,
     Stored,
+    Usage,
     Vm,
 )
 from sandlot.runtime.cache import HotCache, Lease
@@ -49,6 +50,7 @@ from sandlot.runtime.images import IMAGE_FILES, ImageStore
 from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
 from sandlot.runtime.qemu_vm import QemuVm, load_state
+from sandlot.runtime.usage import vm_usage
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
@@ -526,6 +528,10 @@ class QemuRuntime(Runtime):
     def keep_warm(self, images: dict[str, Image]) -> None:
         if self.pool is not None:
             self.pool.keep(images)
+
+    def usage(self, vm: Vm) -> Usage | None:
+        assert isinstance(vm, QemuVm)
+        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disks.size)
 
     def room(self) -> Room:
         keys = self.cache.keys()

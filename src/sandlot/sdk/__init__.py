@@ -22,6 +22,7 @@ from ._models import (
     HostInfo,
     ProcessInfo,
     SandboxInfo,
+    SandboxMetrics,
     SnapshotInfo,
     TemplateInfo,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "Hosts",
     "ProcessInfo",
     "SandboxInfo",
+    "SandboxMetrics",
     "Sandbox",
     "Sandboxes",
     "Sandlot",

@@ -72,6 +72,20 @@ class TemplateInfo(_Model):
     built_at: datetime | None = None
 
 
+class SandboxMetrics(_Model):
+    """A sample of a sandbox's use, taken by its host. `cpu_used_pct` is of its own vCPUs;
+    `mem_used` is memory that is its own on the host; `disk_used` the bytes its own disk
+    layers hold."""
+
+    timestamp: datetime
+    cpu_count: int = 0
+    cpu_used_pct: float = 0.0
+    mem_used: int = 0
+    mem_total: int = 0
+    disk_used: int = 0
+    disk_total: int = 0
+
+
 class HostInfo(_Model):
     """A host of the deployment (``GET /v1/hosts``). `state` is ``active``, ``draining`` (no
     new sandboxes), ``lost`` (stopped heartbeating) or ``stopped``."""

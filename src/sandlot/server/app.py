@@ -24,6 +24,8 @@ from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
 from sandlot.server.e2b.state import start_e2b_state
 from sandlot.server.forward import ForwardToOwner, Peers
+from sandlot.server.metrics import Metrics
+from sandlot.server.metrics import router as metrics_router
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_files import router as files_router
@@ -57,6 +59,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             await core.db.add_key(preset)
         app.state.peers = Peers(core.host_id)
         await start_e2b_state(app.state, core)
+        core.snapshots.on_ready = lambda rec: app.state.metrics.observe(
+            "snapshot", (rec.ready_at - rec.created_at).total_seconds())
         app.state.core = core
         try:
             yield
@@ -65,6 +69,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             await core.stop(kill_sandboxes=kill_on_shutdown)
 
     app = FastAPI(title="sandlot", version=VERSION, lifespan=lifespan)
+    app.state.metrics = Metrics()
     app.add_exception_handler(SandlotError, errors.sandlot_error)
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(HTTPException, errors.http_error)
@@ -76,6 +81,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
                    hosts_router):
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
+    app.include_router(metrics_router)  # Prometheus, unauthenticated like /health
 
     def openapi() -> dict:
         """FastAPI's schema, plus the models the NDJSON streams are made of."""

@@ -14,8 +14,10 @@ from sandlot.core.models import (
     SandboxState,
     SnapshotRecord,
 )
+from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
+from sandlot.server.metrics import timed
 from sandlot.server.placement import elsewhere, fork_spread
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
@@ -55,7 +57,8 @@ class ForkResult(BaseModel):
 @router.post("", status_code=201, response_model=SandboxRecord)
 async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord | Response:
     """A new sandbox from a template or a snapshot, on the host placement picks."""
-    return await elsewhere(request, body) or await core(request).sandboxes.create(body)
+    with timed(request, "restore" if body.snapshot_id else "create"):
+        return await elsewhere(request, body) or await core(request).sandboxes.create(body)
 
 
 @router.get("", response_model=SandboxList)
@@ -100,11 +103,12 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> For
     here = min(body.count, c.sandboxes.free_slots()) if c.hosts.shared else body.count
     results: list = []
     pause_ms = 0.0
-    if here:
-        forked = await c.sandboxes.fork(sandbox_id, here)
-        results, pause_ms = list(forked.children), forked.pause_ms
-    if body.count > here:
-        results += await fork_spread(request, sandbox_id, body.count - here)
+    with timed(request, "fork"):
+        if here:
+            forked = await c.sandboxes.fork(sandbox_id, here)
+            results, pause_ms = list(forked.children), forked.pause_ms
+        if body.count > here:
+            results += await fork_spread(request, sandbox_id, body.count - here)
     ok = [r for r in results if isinstance(r, SandboxRecord)]
     errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
@@ -124,20 +128,38 @@ class ResumeBody(BaseModel):
 async def pause_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
     """Keep the sandbox's whole state (memory, processes, disk) and stop its VM; answers once
     the state is stored. `resume` brings it back under the same id."""
-    return await core(request).sandboxes.pause(sandbox_id)
+    with timed(request, "pause"):
+        return await core(request).sandboxes.pause(sandbox_id)
 
 
 @router.post("/{sandbox_id}/resume", response_model=SandboxRecord)
 async def resume_sandbox(sandbox_id: str, request: Request,
                          body: ResumeBody | None = None) -> SandboxRecord:
     """Bring a paused sandbox back exactly where it was (a new timeout if given)."""
-    return await core(request).sandboxes.resume(sandbox_id, body.timeout if body else None)
+    with timed(request, "resume"):
+        return await core(request).sandboxes.resume(sandbox_id,
+                                                    body.timeout if body else None)
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
     return await core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+
+
+class MetricList(BaseModel):
+    metrics: list[SandboxMetric]
+
+
+@router.get("/{sandbox_id}/metrics", response_model=MetricList)
+async def sandbox_metrics(sandbox_id: str, request: Request, start: float | None = None,
+                          end: float | None = None) -> MetricList:
+    """The sandbox's CPU, memory and disk use, sampled from the host every
+    SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
+    since the epoch)."""
+    c = core(request)
+    c.sandboxes.get_live(sandbox_id)
+    return MetricList(metrics=c.usage.history(sandbox_id, start, end))
 
 
 class PortBody(BaseModel):

@@ -13,6 +13,7 @@ from sandlot.core.models import (
     TemplateInfo,
 )
 from sandlot.server.deps import core
+from sandlot.server.metrics import timed
 from sandlot.server.placement import elsewhere
 
 router = APIRouter(tags=["snapshots"])
@@ -71,7 +72,8 @@ async def restore_snapshot(id_or_name: str, request: Request,
         metadata.setdefault("name", body.name)
     req = CreateSandbox(snapshot_id=id_or_name,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
-    return await elsewhere(request, req) or await core(request).sandboxes.create(req)
+    with timed(request, "restore"):
+        return await elsewhere(request, req) or await core(request).sandboxes.create(req)
 
 
 @router.get("/v1/templates", response_model=TemplateList)

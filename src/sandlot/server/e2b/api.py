@@ -233,6 +233,15 @@ async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
                                        st.tokens.token(sandbox_id)))
 
 
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def sandbox_metrics(sandbox_id: str, request: Request, start: int | None = None,
+                          end: int | None = None) -> JSONResponse:
+    """E2B's metrics: the host's samples of the sandbox's CPU, memory and disk use."""
+    c = core(request)
+    c.sandboxes.get_live(sandbox_id)
+    return JSONResponse([convert.metric(m) for m in c.usage.history(sandbox_id, start, end)])
+
+
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
     await e2b_state(request).lifecycle.kill(sandbox_id)
@@ -369,7 +378,6 @@ UNSUPPORTED = (
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
-    ("/metrics", "sandlot does not collect sandbox metrics"),
     ("/logs", "sandlot does not keep sandbox logs; read them with commands.run()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
