@@ -7,7 +7,17 @@
 
 import { InvalidArgumentError } from "./errors.js";
 import { Api, seg, type ConnectionOptions } from "./http.js";
-import { toSandboxInfo, toTemplateInfo, type Health, type SandboxInfo, type Schemas, type SnapshotInfo, type TemplateInfo } from "./models.js";
+import {
+  toHostInfo,
+  toSandboxInfo,
+  toTemplateInfo,
+  type Health,
+  type HostInfo,
+  type SandboxInfo,
+  type Schemas,
+  type SnapshotInfo,
+  type TemplateInfo,
+} from "./models.js";
 import {
   Sandbox,
   Snapshot,
@@ -120,6 +130,28 @@ export class Templates {
   }
 }
 
+/** `client.hosts`: the hosts of a deployment (one, unless servers share a database). */
+export class Hosts {
+  /** @internal */
+  constructor(private readonly api: Api) {}
+
+  /** Every host, with its state, capacity and load. */
+  async list(): Promise<HostInfo[]> {
+    const data = await this.api.call<Schemas["HostList"]>({ method: "GET", path: "/v1/hosts" });
+    return (data?.hosts ?? []).map(toHostInfo);
+  }
+
+  /** No new sandboxes go to the host; those it runs run to their end. */
+  async drain(hostId: string): Promise<HostInfo> {
+    return toHostInfo(await this.api.call<Schemas["HostInfo"]>({ method: "POST", path: `/v1/hosts/${seg(hostId)}/drain` }));
+  }
+
+  /** A drained host takes new sandboxes again. */
+  async activate(hostId: string): Promise<HostInfo> {
+    return toHostInfo(await this.api.call<Schemas["HostInfo"]>({ method: "POST", path: `/v1/hosts/${seg(hostId)}/activate` }));
+  }
+}
+
 /**
  * A connection to a sandlot server. `apiUrl`/`apiKey` default to env `SANDLOT_URL` (else
  * `http://127.0.0.1:7070`) and `SANDLOT_API_KEY`.
@@ -134,6 +166,7 @@ export class Sandlot {
   readonly sandboxes: Sandboxes;
   readonly snapshots: Snapshots;
   readonly templates: Templates;
+  readonly hosts: Hosts;
   private readonly api: Api;
 
   constructor(options: ConnectionOptions = {}) {
@@ -141,6 +174,7 @@ export class Sandlot {
     this.sandboxes = new Sandboxes(this.api);
     this.snapshots = new Snapshots(this.api);
     this.templates = new Templates(this.api);
+    this.hosts = new Hosts(this.api);
   }
 
   /** The server's base URL. */

@@ -19,7 +19,7 @@
  * @packageDocumentation
  */
 
-export { Sandlot, Sandboxes, Snapshots, Templates } from "./client.js";
+export { Hosts, Sandlot, Sandboxes, Snapshots, Templates } from "./client.js";
 export { ForkList, Sandbox, Snapshot } from "./sandbox.js";
 export type { NetworkUpdate, RestoreOptions, SandboxCreateOptions } from "./sandbox.js";
 export { CommandHandle, CommandOutput, Commands } from "./commands.js";
@@ -32,10 +32,12 @@ export type {
   CommandResult,
   EntryInfo,
   Health,
+  HostInfo,
   NetworkRules,
   OutputChunk,
   ProcessInfo,
   SandboxInfo,
+  SandboxMetrics,
   SandboxState,
   Schemas,
   SnapshotInfo,

@@ -51,6 +51,8 @@ export interface SandboxInfo {
   pid: number | null;
   /** Why the sandbox failed, if it did. */
   error: string | null;
+  /** The id of the host that runs it (several hosts: `client.hosts.list()`). */
+  host: string | null;
 }
 
 /** A snapshot as the server describes it. */
@@ -165,6 +167,66 @@ export function toSandboxInfo(raw: Schemas["SandboxRecord"]): SandboxInfo {
     generation: raw.generation || null,
     pid: raw.pid ?? null,
     error: raw.error ?? null,
+    host: raw.host ?? null,
+  };
+}
+
+/** A sample of a sandbox's use, taken by its host: `cpuUsedPct` is of its own vCPUs,
+ * `memUsed` the memory that is its own on the host, `diskUsed` the bytes its own disk layers
+ * hold. */
+export interface SandboxMetrics {
+  timestamp: Date;
+  cpuCount: number;
+  cpuUsedPct: number;
+  memUsed: number;
+  memTotal: number;
+  diskUsed: number;
+  diskTotal: number;
+}
+
+/** @internal */
+export function toSandboxMetrics(raw: Schemas["SandboxMetric"]): SandboxMetrics {
+  return {
+    timestamp: new Date(raw.timestamp * 1000),
+    cpuCount: raw.cpu_count,
+    cpuUsedPct: raw.cpu_used_pct,
+    memUsed: raw.mem_used,
+    memTotal: raw.mem_total,
+    diskUsed: raw.disk_used,
+    diskTotal: raw.disk_total,
+  };
+}
+
+/** A host of the deployment: `state` is `active`, `draining` (no new sandboxes), `lost`
+ * (stopped heartbeating) or `stopped`. */
+export interface HostInfo {
+  id: string;
+  url: string;
+  state: Schemas["HostState"];
+  cores: number;
+  memoryMb: number;
+  memoryFreeMb: number;
+  diskFreeMb: number;
+  cacheFreeMb: number;
+  slots: number;
+  sandboxes: number;
+  heartbeatAgeS: number;
+}
+
+/** @internal */
+export function toHostInfo(raw: Schemas["HostInfo"]): HostInfo {
+  return {
+    id: raw.id,
+    url: raw.url,
+    state: raw.state,
+    cores: raw.cores ?? 0,
+    memoryMb: raw.memory_mb ?? 0,
+    memoryFreeMb: raw.memory_free_mb ?? 0,
+    diskFreeMb: raw.disk_free_mb ?? 0,
+    cacheFreeMb: raw.cache_free_mb ?? 0,
+    slots: raw.slots ?? 0,
+    sandboxes: raw.sandboxes ?? 0,
+    heartbeatAgeS: raw.heartbeat_age_s ?? 0,
   };
 }
 

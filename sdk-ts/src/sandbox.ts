@@ -10,7 +10,9 @@ import { Files } from "./files.js";
 import { Api, seconds, seg, strMap, type ConnectionOptions } from "./http.js";
 import {
   toSandboxInfo,
+  toSandboxMetrics,
   toSnapshotInfo,
+  type SandboxMetrics,
   type NetworkRules,
   type SandboxInfo,
   type Schemas,
@@ -204,6 +206,20 @@ export class Sandbox {
     const data = await this.api.call<Schemas["SandboxRecord"]>({ method: "GET", path: `/v1/sandboxes/${seg(this.sandboxId)}` });
     this._info = toSandboxInfo(data);
     return this._info;
+  }
+
+  /** The sandbox's CPU, memory and disk use over time, sampled by its host (every 5 s by
+   * default, the last hour kept), between `start` and `end`. */
+  async getMetrics(options: { start?: Date; end?: Date } = {}): Promise<SandboxMetrics[]> {
+    const query: Record<string, string> = {};
+    if (options.start) query.start = String(options.start.getTime() / 1000);
+    if (options.end) query.end = String(options.end.getTime() / 1000);
+    const data = await this.api.call<Schemas["MetricList"]>({
+      method: "GET",
+      path: `/v1/sandboxes/${seg(this.sandboxId)}/metrics`,
+      query,
+    });
+    return (data?.metrics ?? []).map(toSandboxMetrics);
   }
 
   /** `true` if the sandbox exists and is `running`. */

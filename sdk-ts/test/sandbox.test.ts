@@ -162,6 +162,20 @@ describe("sandboxes", { skip: noServer }, () => {
     assert.equal(stopped[0]?.state, "stopped");
   });
 
+  it("getMetrics: the host's samples; hosts: this one", async () => {
+    await sbx.commands.run("timeout 2 sh -c 'while :; do :; done'; true");
+    const metrics = await sbx.getMetrics();
+    assert.ok(metrics.length > 0);
+    const last = metrics[metrics.length - 1];
+    assert.ok(last.timestamp instanceof Date && last.memTotal > 0 && last.diskTotal > 0);
+    assert.ok(metrics.every((m) => m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100));
+    assert.deepEqual(await sbx.getMetrics({ start: new Date(Date.now() + 3_600_000) }), []);
+    const hosts = await new Sandlot().hosts.list();
+    assert.equal(hosts.length, 1);
+    assert.equal(hosts[0].state, "active");
+    assert.equal((await sbx.getInfo()).host, hosts[0].id);
+  });
+
   it("errors: wrong key, unknown ids, invalid input", async () => {
     await assert.rejects(Sandbox.list({ apiKey: "sl_wrong" }), AuthenticationError);
     await assert.rejects(Sandbox.connect("sb-doesnotexist"), NotFoundError);
