@@ -308,10 +308,21 @@ def test_snapshots_and_fork():
             box.kill()
 
 
+def test_metrics_are_sampled_by_the_host(sbx):
+    sbx.commands.run("timeout 3 sh -c 'while :; do :; done'; true", timeout=60)
+    time.sleep(1.5)  # the test servers sample every second
+    metrics = sbx.get_metrics()
+    assert len(metrics) >= 2
+    assert max(m.cpu_used_pct for m in metrics) > 20  # the busy loop shows
+    last = metrics[-1]
+    assert last.cpu_count == sbx.get_info().cpu_count and last.mem_total == 512 << 20
+    assert 0 < last.mem_used < last.mem_total and 0 < last.disk_used <= last.disk_total
+    from datetime import datetime, timedelta, timezone
+
+    assert sbx.get_metrics(start=datetime.now(timezone.utc) + timedelta(hours=1)) == []
+
+
 def test_unsupported_calls_say_what_instead(sbx):
-    with pytest.raises(SandboxException) as ei:
-        sbx.get_metrics()
-    assert ei.value.status_code == 501 and "metrics" in str(ei.value)
     with pytest.raises(Exception) as ei:
         Template.build(Template().from_image("ubuntu:22.04"), "e2b-built")
     assert "501" in str(ei.value) and "sandlot template build" in str(ei.value)
