@@ -353,12 +353,16 @@ def keys() -> None:
 
 
 @keys.command("create")
+@click.option("--e2b", "e2b_format", is_flag=True,
+              help="In E2B's format (e2b_ and 40 hex digits), which E2B's SDKs check before "
+                   "sending it; it works for sandlot's API too.")
 @_data_dir_option
-def keys_create(data_dir: Path) -> None:
-    """Create an API key and print it (it is shown only once)."""
+def keys_create(e2b_format: bool, data_dir: Path) -> None:
+    """Create an API key and print it (it is shown only once). With SANDLOT_DATABASE_URL set,
+    in the deployment's database."""
     from sandlot.core.keys import create_key
 
-    click.echo(create_key(data_dir))
+    click.echo(create_key(data_dir, e2b_format=e2b_format))
 
 
 @cli.group(cls=_Group)

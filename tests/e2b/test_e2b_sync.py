@@ -317,9 +317,9 @@ def test_metrics_are_sampled_by_the_host(sbx):
     last = metrics[-1]
     assert last.cpu_count == sbx.get_info().cpu_count and last.mem_total == 512 << 20
     assert 0 < last.mem_used < last.mem_total and 0 < last.disk_used <= last.disk_total
-    from datetime import datetime, timedelta, timezone
+    from datetime import UTC, datetime, timedelta
 
-    assert sbx.get_metrics(start=datetime.now(timezone.utc) + timedelta(hours=1)) == []
+    assert sbx.get_metrics(start=datetime.now(UTC) + timedelta(hours=1)) == []
 
 
 def test_unsupported_calls_say_what_instead(sbx):

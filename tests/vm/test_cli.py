@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -81,3 +82,9 @@ def test_keys_create(tmp_path):
     from sandlot.core.db.sqlite import SqliteStore
 
     assert run_sync(SqliteStore(tmp_path / "sandlot.db").key_valid(key))
+    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--e2b",
+                          "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                         check=True)
+    e2b_key = out.stdout.strip()
+    assert re.fullmatch(r"e2b_[0-9a-f]{40}", e2b_key)
+    assert run_sync(SqliteStore(tmp_path / "sandlot.db").key_valid(e2b_key))
