@@ -122,7 +122,7 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     templates.remove_template = lambda name, data_dir: calls.append(  # type: ignore
         ("rm", name, data_dir))
     keys = types.ModuleType("sandlot.core.keys")
-    keys.create_key = lambda data_dir: "sk-new"  # type: ignore[attr-defined]
+    keys.create_key = lambda data_dir, e2b_format=False: "sk-new"  # type: ignore[attr-defined]
     server = types.ModuleType("sandlot.server")
     server.run = lambda **kw: calls.append(("serve", kw))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
