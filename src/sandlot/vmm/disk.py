@@ -21,6 +21,14 @@ from sandlot.errors import VmmError
 
 QEMU_IMG = "qemu-img"
 CLUSTER = 65536
+# What the host does with the guest's discards (fstrim, `mount -o discard`) and all-zero
+# writes: they free the overlay's clusters (punched holes in the qcow2 file), so blocks a guest
+# frees stop taking host disk. The virtio-blk device offers discard either way (its own
+# `discard` property, on by default), so these change no guest-visible state: they are left
+# out of vmm.machine.DEVICE_MODEL, and snapshots taken without them load with them and back.
+DISK_HOST_OPTIONS = ",discard=unmap,detect-zeroes=unmap"
+# The same for an overlay opened over QMP (blockdev-add: a capture's next overlay).
+DISK_HOST_QMP = {"discard": "unmap", "detect-zeroes": "unmap"}
 
 
 async def _qemu_img(*args: str) -> str:
@@ -138,7 +146,7 @@ class DiskChain:
         try:
             self._own(path)
             await machine.execute("blockdev-add", {
-                "driver": "qcow2", "node-name": node, "backing": None,
+                "driver": "qcow2", "node-name": node, "backing": None, **DISK_HOST_QMP,
                 "file": {"driver": "file", "filename": str(path), "aio": "threads"},
             })
         except BaseException:
