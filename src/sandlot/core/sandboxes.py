@@ -137,14 +137,15 @@ class SandboxManager:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
         self.check_request(req)
         source = await self.resolve_source(req)
-        rec = self._new_record(source, req)
-        vm = await self.runtime.claim(source.image, plan_of(rec))
-        if vm is not None:  # a pooled VM, already given the record's identity
-            rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
-            rec.pid = vm.pid
-            self._register(LiveSandbox(rec, vm))
-            return rec
-        await self._start(rec, source)
+        with self.snapshots.holding(source.snapshot_id):  # a delete waits for the restore
+            rec = self._new_record(source, req)
+            vm = await self.runtime.claim(source.image, plan_of(rec))
+            if vm is not None:  # a pooled VM, already given the record's identity
+                rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
+                rec.pid = vm.pid
+                self._register(LiveSandbox(rec, vm))
+                return rec
+            await self._start(rec, source)
         return rec
 
     def check_request(self, req: CreateSandbox) -> None:
@@ -336,6 +337,11 @@ class SandboxManager:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
         live = self.get_live(sandbox_id)
         source = await self.snapshots.source(snapshot)
+        with self.snapshots.holding(source.snapshot_id):  # a delete waits for the restore
+            return await self._rollback(live, source)
+
+    async def _rollback(self, live: LiveSandbox, source: Source) -> SandboxRecord:
+        sandbox_id = live.sandbox_id
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")

@@ -13,9 +13,11 @@ state and is not listed. A fork's capture makes no record at all (sandboxes.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sandlot.core.live import LiveSandbox
@@ -62,6 +64,8 @@ class SnapshotManager:
         self.runtime = runtime
         self._progress: dict[str, _Progress] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._holds: dict[str, int] = {}  # snapshot id -> restores from it under way
+        self._doomed: set[str] = set()  # deleted while held: their data goes with the last hold
 
     # ---- records --------------------------------------------------------------------------
 
@@ -125,7 +129,33 @@ class SnapshotManager:
         transition(rec, SnapshotState.DELETED)
         rec.name = None
         self._save(rec)
-        self._spawn(self.runtime.discard(rec.snapshot_id))
+        if self._holds.get(rec.snapshot_id):
+            self._doomed.add(rec.snapshot_id)  # a restore from it is under way: after it
+        else:
+            self._spawn(self.runtime.discard(rec.snapshot_id))
+
+    @contextlib.contextmanager
+    def holding(self, snapshot_id: str | None) -> Iterator[None]:
+        """Hold a snapshot while a restore from it runs (call right after `source`, with no
+        await between): a delete meanwhile succeeds (the record is `deleted` at once, new
+        restores are refused), but its data (the store's copy, the hot files the restore is
+        fetching or mapping) stays until the last holder is done; a restored sandbox's VM
+        then keeps the hot files it maps by its lease. NotFoundError if it is deleted already.
+        None (a template) holds nothing."""
+        if snapshot_id is None:
+            yield
+            return
+        self.get(snapshot_id)  # not deleted
+        self._holds[snapshot_id] = self._holds.get(snapshot_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._holds.pop(snapshot_id) - 1
+            if left:
+                self._holds[snapshot_id] = left
+            elif snapshot_id in self._doomed:
+                self._doomed.discard(snapshot_id)
+                self._spawn(self.runtime.discard(snapshot_id))
 
     # ---- sources --------------------------------------------------------------------------
 
@@ -134,11 +164,15 @@ class SnapshotManager:
         A snapshot id this server has no record of is looked up in the store (another server
         took it): its manifest carries its record."""
         try:
-            rec = self.get(id_or_name)
+            rec = self.get(id_or_name, include_deleted=True)
         except NotFoundError:
             if not id_or_name.startswith("snap-"):
                 raise
             rec = await self._from_store(id_or_name)
+        if rec.state == SnapshotState.DELETED:
+            # Not looked for in the store: its copy there may not be gone yet, and must not
+            # bring the record back.
+            raise NotFoundError(f"snapshot {id_or_name!r} was deleted")
         if rec.state != SnapshotState.READY:
             if rec.state == SnapshotState.FAILED:
                 raise InvalidStateError(f"snapshot {rec.snapshot_id} failed: {rec.error}",
@@ -281,6 +315,11 @@ class SnapshotManager:
         return task
 
     async def close(self) -> None:
+        # Snapshots deleted while a restore held them: their data goes now, not never.
+        doomed, self._doomed = self._doomed, set()
+        for snapshot_id in doomed:
+            with contextlib.suppress(Exception):
+                await self.runtime.discard(snapshot_id)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
