@@ -363,10 +363,14 @@ class SandboxManager:
 
     async def pause(self, sandbox_id: str) -> SandboxRecord:
         """Keep the sandbox's whole state in a snapshot and stop its VM; `resume` brings it
-        back under the same id. Answers once the state is stored."""
+        back under the same id. Answers once the state is stored. InvalidStateError if it
+        is paused already."""
+        if sandbox_id not in self.live:
+            self._check_not_paused(sandbox_id)
         live = self.get_live(sandbox_id)
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
+                self._check_not_paused(sandbox_id)  # another pause got there first
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
             snap = self.snapshots.begin(live, None, SnapshotKind.PAUSE)
@@ -390,6 +394,12 @@ class SandboxManager:
         finally:
             self.runtime.release(snap.snapshot_id)
         return rec
+
+    def _check_not_paused(self, sandbox_id: str) -> None:
+        rec = self.get(sandbox_id)
+        if rec.state == SandboxState.PAUSED:
+            raise InvalidStateError(f"sandbox {sandbox_id} is already paused; resume it first",
+                                    current=rec.state.value, allowed=("running",))
 
     async def resume(self, sandbox_id: str, timeout: int | None = None) -> SandboxRecord:
         """Bring a paused sandbox back, exactly where it was, under its id."""
