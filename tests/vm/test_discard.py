@@ -1,6 +1,6 @@
 """Discard passthrough (issue #16): blocks the guest frees and trims go back to the host, so a
 sandbox's disk overlay shrinks after `rm` + `fstrim`, before and after a snapshot (whose
-capture stacks a new overlay on the VM's disk)."""
+capture stacks a new overlay on the VM's disk); zeros it writes take no host disk."""
 
 from __future__ import annotations
 
@@ -41,3 +41,14 @@ def test_freed_guest_blocks_shrink_the_host_overlay(server, sandbox_factory):
     assert full - trimmed >= WRITE_MB * MiB * 0.8, (before, full, trimmed)
     child = sandbox_factory(snapshot_id=snap.snapshot_id)
     assert child.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_zeros_a_guest_writes_take_no_host_disk(server, sandbox_factory):
+    sbx = sandbox_factory()
+    disk_dir = server.data_dir / "disks" / sbx.sandbox_id
+    before = allocated(disk_dir)
+    sbx.commands.run(f"dd if=/dev/zero of=/root/zeros bs=1M count={WRITE_MB} conv=fsync "
+                     "status=none", check=True, timeout=300)
+    assert sbx.commands.run("du -m /root/zeros").stdout.split()[0] == str(WRITE_MB)
+    grown = allocated(disk_dir) - before
+    assert grown < WRITE_MB * MiB * 0.1, grown
