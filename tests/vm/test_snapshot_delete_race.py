@@ -15,14 +15,20 @@ from sandlot import NotFoundError, Sandbox, Snapshot
 DELAYS = (0.0, 0.05, 0.1, 0.2)
 
 
-def restore_while_deleting(snap: Snapshot, delay: float, kw: dict) -> tuple[object, float]:
-    """Restore `snap` in a thread and delete it `delay` s after the restore was sent."""
+def restore_while_deleting(snap: Snapshot, delay: float, kw: dict,
+                           rollback: Sandbox | None = None) -> tuple[object, float]:
+    """Restore `snap` (into a new sandbox, or `rollback` that one to it) in a thread and
+    delete it `delay` s after the restore was sent."""
     result: dict[str, object] = {}
 
     def restore() -> None:
         t0 = time.monotonic()
         try:
-            result["value"] = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=600, **kw)
+            if rollback is not None:
+                result["value"] = rollback.rollback(snap.snapshot_id)
+            else:
+                result["value"] = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=600,
+                                                 **kw)
         except Exception as e:  # noqa: BLE001 - checked below
             result["value"] = e
         result["seconds"] = time.monotonic() - t0
@@ -91,3 +97,32 @@ def test_snapshot_deleted_while_a_restore_from_it_runs(server_factory, cached):
         for sbx in restored:
             sbx.kill()
         origin.kill()
+
+
+def test_snapshot_deleted_while_a_rollback_to_it_runs(server_factory):
+    srv = server_factory(SANDLOT_POOL_SIZE="0", SANDLOT_CACHE_MB="1")
+    kw = srv.client_kwargs()
+    sbx = Sandbox.create(timeout=900, **kw)
+    outcomes = []
+    try:
+        for delay in DELAYS:
+            sbx.files.write("/root/state.txt", "snapshotted")
+            snap = sbx.create_snapshot().wait()
+            sbx.create_snapshot().wait().remove()  # evicts `snap` from the cache
+            sbx.files.write("/root/state.txt", "changed")
+            value, seconds = restore_while_deleting(snap, delay, kw, rollback=sbx)
+            outcomes.append((delay, type(value).__name__, round(seconds, 2)))
+            if isinstance(value, NotFoundError):  # deleted before the rollback looked
+                assert seconds < 5, (delay, seconds)
+                assert sbx.files.read("/root/state.txt") == "changed"
+                continue
+            assert isinstance(value, Sandbox), (delay, seconds, value)
+            assert sbx.files.read("/root/state.txt") == "snapshotted"
+            again = sbx.create_snapshot().wait()
+            assert again.state == "ready", again.error
+            fork = sbx.fork(1)[0]
+            assert fork.files.read("/root/state.txt") == "snapshotted"
+            fork.kill()
+        assert any(kind == "Sandbox" for _, kind, _ in outcomes), outcomes
+    finally:
+        sbx.kill()
