@@ -55,6 +55,10 @@ def test_next_snapshot_after_a_crash_mid_capture_succeeds(own_server):
         own_server.start()
         box = Sandbox.connect(sbx.sandbox_id, **kw)
         assert box.commands.run("cat /root/state").stdout == "kept\n"
+        # Nothing of the cut capture is left: no opened overlay, no saved device state.
+        assert not list((own_server.run_root / sbx.sandbox_id).glob("devstate-*"))
+        layers = sorted(p.name for p in disk_dir.glob("disk-*.qcow2"))
+        assert len(layers) <= 2, layers  # the top, and a frozen layer being merged
         # The first snapshot after the crash is ready, and restores.
         snap = box.create_snapshot()
         snap.wait()
