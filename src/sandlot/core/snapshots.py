@@ -136,18 +136,20 @@ class SnapshotManager:
 
     @contextlib.contextmanager
     def holding(self, snapshot_id: str | None) -> Iterator[None]:
-        """Hold a snapshot while a restore from it runs (call right after `source`, with no
-        await between): a delete meanwhile succeeds (the record is `deleted` at once, new
-        restores are refused), but its data (the store's copy, the hot files the restore is
-        fetching or mapping) stays until the last holder is done; a restored sandbox's VM
-        then keeps the hot files it maps by its lease. NotFoundError if it is deleted already.
-        None (a template) holds nothing."""
+        """Hold a snapshot while a restore from it runs (taken right after `source`): a
+        delete meanwhile succeeds (the record is `deleted` at once, new restores are
+        refused), but its data (the store's copy, the hot files the restore is fetching or
+        mapping) stays until the last holder is done; a restored sandbox's VM then keeps the
+        hot files it maps by its lease. NotFoundError if it is deleted already. None (a
+        template) holds nothing."""
         if snapshot_id is None:
             yield
             return
-        self.get(snapshot_id)  # not deleted
+        # Held first, then checked: a delete either sees the hold (and waits for it) or has
+        # saved `deleted` before the check (NotFoundError here), whatever the order.
         self._holds[snapshot_id] = self._holds.get(snapshot_id, 0) + 1
         try:
+            self.get(snapshot_id)  # not deleted meanwhile
             yield
         finally:
             left = self._holds.pop(snapshot_id) - 1
