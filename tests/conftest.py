@@ -66,6 +66,15 @@ def s3(tmp_path_factory) -> Iterator[testing.S3Server]:
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[testing.PostgresServer]:
+    """A real PostgreSQL on loopback for the session (each test makes its own database)."""
+    srv = testing.PostgresServer()
+    srv.start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def sandbox_factory(server):
     """Create sandboxes (SDK `Sandbox.create` kwargs); all are killed after the test."""

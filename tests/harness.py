@@ -25,7 +25,7 @@ def make_server(tmp_root: Path, name: str) -> Server:
     store = tmp_root.parent / "store"
     return Server(data_dir=tmp_root / f"data-{name}", instance=f"t{os.getpid()}{name}",
                   log_path=tmp_root / f"server-{name}.log",
-                  extra_env={"SANDLOT_STORE": str(store)})
+                  extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1"})
 
 
 def cleanup(server: Server) -> None:

@@ -94,6 +94,12 @@ export class CapacityError extends SandlotError {
   static override defaultStatus = 503;
 }
 
+/** The host that runs the sandbox did not answer (several hosts); if it stays silent, its
+ * sandboxes are reported `lost`. */
+export class HostUnavailableError extends SandlotError {
+  static override defaultStatus = 503;
+}
+
 /** Snapshot data missing, corrupt, or not writable. */
 export class StorageError extends SandlotError {
   static override defaultStatus = 500;
@@ -168,6 +174,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   GuestError,
   VmmError,
   CapacityError,
+  HostUnavailableError,
   StorageError,
   BuildError,
   SnapshotFailedError: SnapshotFailedError as unknown as ErrorClass,

@@ -52,6 +52,7 @@ export {
   ERRORS,
   type ErrorClass,
   GuestError,
+  HostUnavailableError,
   InvalidArgumentError,
   InvalidStateError,
   NotFoundError,

@@ -148,6 +148,9 @@ _SNAPSHOT_COLUMNS = [("SNAPSHOT", "snapshot_id"), ("NAME", "name"), ("STATE", "s
 _TEMPLATE_COLUMNS = [("NAME", "name"), ("HASH", "hash"), ("MEMORY", "memory_mb"),
                      ("CPUS", "cpus"), ("BUILT", "built_at")]
 _PROCESS_COLUMNS = [("PID", "pid"), ("USER", "user"), ("CMD", "cmd")]
+_HOST_COLUMNS = [("HOST", "id"), ("STATE", "state"), ("URL", "url"), ("SANDBOXES", "sandboxes"),
+                 ("SLOTS", "slots"), ("CORES", "cores"), ("MEM FREE", "memory_free_mb"),
+                 ("HEARTBEAT", "heartbeat_age_s")]
 
 
 def _show(items: Any, columns: list[tuple[str, str]], as_json: bool) -> None:
@@ -197,18 +200,59 @@ def cli() -> None:
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=7070, show_default=True, type=int, help="Port to listen on.")
+@click.option("--database", metavar="URL", help="A postgresql:// URL shared by every host of a "
+              "deployment (SANDLOT_DATABASE_URL); default SQLite under the data dir.")
+@click.option("--advertise-url", metavar="URL", help="Where other hosts reach this one "
+              "(SANDLOT_ADVERTISE_URL); default http://HOST:PORT.")
 @_data_dir_option
-def serve(host: str, port: int, data_dir: Path) -> None:
+def serve(host: str, port: int, database: str | None, advertise_url: str | None,
+          data_dir: Path) -> None:
     """Run the REST API server (SIGUSR1 prints every thread's stack to stderr)."""
     import contextlib
     import faulthandler
+    import os
     import signal
 
     from sandlot.server import run
 
+    if database:
+        os.environ["SANDLOT_DATABASE_URL"] = database
+    if advertise_url:
+        os.environ["SANDLOT_ADVERTISE_URL"] = advertise_url
     with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a descriptor
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     run(host=host, port=port, data_dir=data_dir)
+
+
+@cli.group(cls=_Group)
+def hosts() -> None:
+    """The hosts of a deployment (docs/cluster.md)."""
+
+
+@hosts.command("list")
+@_json_option
+@_with_client
+def hosts_list(client: Sandlot, as_json: bool) -> None:
+    """List the hosts, with their state, capacity and load."""
+    _show(client.hosts.list(), _HOST_COLUMNS, as_json)
+
+
+@hosts.command("drain")
+@click.argument("host_id")
+@_json_option
+@_with_client
+def hosts_drain(client: Sandlot, host_id: str, as_json: bool) -> None:
+    """Send no new sandboxes to HOST_ID; those it runs run to their end."""
+    _show(client.hosts.drain(host_id), _HOST_COLUMNS, as_json)
+
+
+@hosts.command("activate")
+@click.argument("host_id")
+@_json_option
+@_with_client
+def hosts_activate(client: Sandlot, host_id: str, as_json: bool) -> None:
+    """Let a drained host take new sandboxes again."""
+    _show(client.hosts.activate(host_id), _HOST_COLUMNS, as_json)
 
 
 @cli.group(cls=_Group)

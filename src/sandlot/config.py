@@ -14,6 +14,15 @@ captures are refused with a CapacityError below them; default 5% of RAM, 1024 Mi
 The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
 SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
 seconds past a command's timeout before the server ends it if the guest has not (default 5).
+
+Several hosts (docs/cluster.md): SANDLOT_DATABASE_URL (a ``postgresql://`` URL shared by every
+host; default SQLite under the data dir), SANDLOT_HOST_ID (this host's stable id; default made
+once and kept in <data>/host-id), SANDLOT_ADVERTISE_URL (the URL other hosts reach this one at;
+default http://<bind address>:<port>), SANDLOT_MAX_SANDBOXES (sandbox slots of this host;
+default one per 256 MiB of RAM), SANDLOT_HEARTBEAT (seconds between heartbeats; default 2) and
+SANDLOT_HOST_TIMEOUT (seconds of silence after which a host and its sandboxes are `lost`;
+default 6). SANDLOT_METRICS_INTERVAL: seconds between samples of each sandbox's CPU, memory
+and disk use (default 5; an hour of them is kept).
 """
 
 from __future__ import annotations
@@ -44,6 +53,14 @@ def _int_env(name: str, default: int) -> int:
         return max(0, int(os.environ.get(name, default)))
     except ValueError:
         return default
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,14 @@ class Settings:
     reserve_mem_mb: int = field(default_factory=lambda: max(512, _mem_total_mb() // 20))
     reserve_disk_mb: int = 1024
     limits: Limits = field(default_factory=Limits)
+    # several hosts (core/hosts.py): the shared database, who this host is, where it is reached
+    database_url: str | None = None
+    host_id: str | None = None  # default: <data_dir>/host-id, made once
+    advertise_url: str | None = None  # default: set by the server from its bind address
+    max_sandboxes: int = field(default_factory=lambda: max(4, _mem_total_mb() // 256))
+    heartbeat_interval: float = 2.0
+    metrics_interval: float = 5.0  # seconds between samples of each sandbox's usage
+    host_timeout: float = 6.0
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -128,7 +153,32 @@ class Settings:
                    reserve_mem_mb=_int_env("SANDLOT_RESERVE_MEM_MB",
                                            max(512, _mem_total_mb() // 20)),
                    reserve_disk_mb=_int_env("SANDLOT_RESERVE_DISK_MB", 1024),
-                   limits=Limits.from_env())
+                   limits=Limits.from_env(),
+                   database_url=os.environ.get("SANDLOT_DATABASE_URL") or None,
+                   host_id=os.environ.get("SANDLOT_HOST_ID") or None,
+                   advertise_url=os.environ.get("SANDLOT_ADVERTISE_URL") or None,
+                   max_sandboxes=_int_env("SANDLOT_MAX_SANDBOXES",
+                                          max(4, _mem_total_mb() // 256)) or 1,
+                   heartbeat_interval=_float_env("SANDLOT_HEARTBEAT", 2.0),
+                   host_timeout=_float_env("SANDLOT_HOST_TIMEOUT", 6.0),
+                   metrics_interval=_float_env("SANDLOT_METRICS_INTERVAL", 5.0))
+
+    def stable_host_id(self) -> str:
+        """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""
+        if self.host_id:
+            return self.host_id
+        path = self.data_dir / "host-id"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            import secrets
+
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            host_id = "h-" + secrets.token_hex(4)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(host_id + "\n")
+            os.replace(tmp, path)
+            return host_id
 
     @property
     def images(self) -> Path:

@@ -93,6 +93,13 @@ class CapacityError(SandlotError):
     status = 503
 
 
+class HostUnavailableError(SandlotError):
+    """The host that runs the sandbox did not answer (a deployment of several hosts); if it
+    stays silent, its sandboxes are reported `lost`."""
+
+    status = 503
+
+
 class StorageError(SandlotError):
     status = 500
 
@@ -106,7 +113,7 @@ ERRORS: dict[str, type[SandlotError]] = {
     for cls in (
         SandlotError, InvalidArgumentError, PayloadTooLargeError, AuthenticationError,
         NotFoundError, ConflictError, InvalidStateError, CommandTimeoutError, SandboxError,
-        CapacityError,
+        CapacityError, HostUnavailableError,
         GuestError, VmmError, StorageError, BuildError,
     )
 }

@@ -204,7 +204,7 @@ async def in_process(root: Path, runtime=None, **settings):
     app, runtime = _fake_app(root, runtime, **settings)
     async with app.router.lifespan_context(app):
         srv = InProcess(app=app, runtime=runtime, key="sl_test_" + secrets.token_hex(8))
-        srv.core.db.add_key(srv.key)
+        await srv.core.db.add_key(srv.key)
         yield srv
 
 
@@ -330,3 +330,71 @@ class S3Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+
+@dataclass
+class PostgresServer:
+    """A real PostgreSQL for tests and benchmarks: Debian's server binaries, a cluster made
+    by `initdb` in a temporary directory, run as the unprivileged ``postgres`` user on a
+    loopback port of its own (trust authentication: loopback only)."""
+
+    user: str = "postgres"
+    port: int = field(default_factory=free_port)
+    root: Path | None = None
+    proc_started: bool = False
+
+    @staticmethod
+    def bindir() -> Path:
+        versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                          key=lambda p: int(p.parent.parent.name) if
+                          p.parent.parent.name.isdigit() else 0)
+        if not versions:
+            raise RuntimeError("no PostgreSQL server binaries: `make setup` installs Debian's "
+                               "postgresql package")
+        return versions[-1].parent
+
+    def _as_user(self, *args: str) -> list[str]:
+        return ["runuser", "-u", self.user, "--", *args] if os.geteuid() == 0 else list(args)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self, timeout: float = 60) -> None:
+        import pwd
+        import tempfile
+
+        bindir = self.bindir()
+        # /tmp itself, not a test's tmp dir: those are 0700 root, closed to the postgres user
+        self.root = Path(tempfile.mkdtemp(prefix="sandlot-pg-"))
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        data, log = self.root / "data", self.root / "postgres.log"
+        subprocess.run(self._as_user(str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+                                     "--auth=trust", "-E", "UTF8", "--no-sync"),
+                       check=True, capture_output=True, timeout=timeout)
+        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+                   "-c fsync=off -c max_connections=200")
+        subprocess.run(self._as_user(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log),
+                                     "-o", options, "-w", "-t", str(int(timeout)), "start"),
+                       check=True, capture_output=True, timeout=timeout + 10)
+        self.proc_started = True
+
+    def new_database(self, name: str) -> str:
+        """A fresh database on this server; its URL."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.root is None:
+            return
+        if self.proc_started:
+            subprocess.run(self._as_user(str(self.bindir() / "pg_ctl"), "-D",
+                                         str(self.root / "data"), "-m", "immediate", "-w",
+                                         "stop"), capture_output=True, timeout=60)
+            self.proc_started = False
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None

@@ -66,7 +66,7 @@ async def test_pause_and_resume_keep_the_sandbox(api) -> None:
     await api.post(f"/v1/sandboxes/{sid}/pause")
     assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "stopped"
-    snaps = api.srv.core.snapshots.list(kind="pause")
+    snaps = await api.srv.core.snapshots.list(kind="pause")
     assert snaps == []
 
 
@@ -102,9 +102,9 @@ async def test_a_snapshot_of_a_machine_this_host_lacks_is_refused_before_anythin
     sid = (await create(api))["sandbox_id"]
     snap = await ready_snapshot(api, sid, "old-qemu")
     core = api.srv.core
-    rec = core.snapshots.get("old-qemu")
+    rec = await core.snapshots.get("old-qemu")
     rec.machine = {**rec.machine, "machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"}
-    core.snapshots._save(rec)
+    await core.snapshots._save(rec)
     restores = api.srv.runtime.restores
     r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/restore")
     assert r.status_code == 409
@@ -131,13 +131,13 @@ async def test_a_restart_keeps_paused_sandboxes_and_snapshots(tmp_path) -> None:
         core = srv.core
         from sandlot.core.models import CreateSandbox
         rec = await core.sandboxes.create(CreateSandbox())
-        snap = core.sandboxes.snapshot(rec.sandbox_id, "keep")
+        snap = await core.sandboxes.snapshot(rec.sandbox_id, "keep")
         await core.snapshots.wait(snap.snapshot_id)
         await core.sandboxes.pause(rec.sandbox_id)
     async with in_process(tmp_path, srv.runtime) as srv:
         core = srv.core
-        assert core.sandboxes.get(rec.sandbox_id).state == "paused"
-        assert core.snapshots.get("keep").state == SnapshotState.READY
+        assert (await core.sandboxes.get(rec.sandbox_id)).state == "paused"
+        assert (await core.snapshots.get("keep")).state == SnapshotState.READY
         resumed = await core.sandboxes.resume(rec.sandbox_id)
         assert resumed.state == "running"
 
@@ -183,13 +183,13 @@ async def test_a_server_with_another_data_dir_restores_from_the_store(tmp_path) 
 
     async with in_process(tmp_path / "a") as a:
         rec = await a.core.sandboxes.create(CreateSandbox(env={"K": "v"}, metadata={"m": "1"}))
-        snap = a.core.sandboxes.snapshot(rec.sandbox_id, "named-on-a")
+        snap = await a.core.sandboxes.snapshot(rec.sandbox_id, "named-on-a")
         snap = await a.core.snapshots.wait(snap.snapshot_id)
         assert snap.state == "ready"
     async with in_process(tmp_path / "b", a.runtime) as b:
         restored = await b.core.sandboxes.create(CreateSandbox(snapshot_id=snap.snapshot_id))
         assert restored.env == {"K": "v"} and restored.snapshot_id == snap.snapshot_id
-        assert b.core.snapshots.get(snap.snapshot_id).state == "ready"
+        assert (await b.core.snapshots.get(snap.snapshot_id)).state == "ready"
         from sandlot.errors import NotFoundError
         with pytest.raises(NotFoundError):
             await b.core.sandboxes.create(CreateSandbox(snapshot_id="named-on-a"))

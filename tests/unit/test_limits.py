@@ -257,7 +257,7 @@ async def test_a_slow_reader_of_a_command_that_ended_in_time_gets_no_timeout(api
     rest = [e async for e in events]
     assert [e.data for e in rest if isinstance(e, Output)] == [b"a\n", b"b\n"]
     assert rest[-1] == Exited(0, False)
-    assert api.srv.core.sandboxes.get(sid).error is None
+    assert (await api.srv.core.sandboxes.get(sid)).error is None
 
 
 @pytest.mark.parametrize("api", [{"stream_keepalive": 0.2}], indirect=True)

@@ -82,7 +82,7 @@ def test_create_from_snapshot_sends_no_template(client: Sandlot, sbx: Sandbox,
 def test_context_manager_kills(client: Sandlot, fast: Fast) -> None:
     with client.sandboxes.create() as sbx:
         assert sbx.is_running()
-    assert fast.core.sandboxes.get(sbx.sandbox_id).state == "stopped"
+    assert client.sandboxes.get_info(sbx.sandbox_id).state == "stopped"
 
 
 def test_classmethods_use_env_config(default_api: None, fast: Fast) -> None:

@@ -8,7 +8,8 @@ import json
 from click.testing import CliRunner
 
 from sandlot.cli import cli
-from sandlot.core.store import MetadataStore
+from sandlot.core.db import run_sync
+from sandlot.core.db.sqlite import SqliteStore
 
 
 def test_gc_removes_only_unused_builds(tmp_path, monkeypatch):
@@ -20,11 +21,12 @@ def test_gc_removes_only_unused_builds(tmp_path, monkeypatch):
     (images / "templates" / "base.json").write_text(json.dumps({
         "name": "base", "hash": "current", "memory_mb": 512, "cpus": 1}))
     data.mkdir()
-    db = MetadataStore(data / "sandlot.db")
-    db.put_snapshot("snap-1", None, "ready", {"base": "of-a-snapshot"}, 1.0)
-    db.put_snapshot("snap-2", None, "deleted", {"base": "of-a-deleted-snapshot"}, 2.0)
-    db.put_sandbox("sb-1", "running", {"base": "of-a-sandbox"})
-    db.close()
+    db = SqliteStore(data / "sandlot.db")
+    run_sync(db.put_snapshot("snap-1", None, "ready", "", {"base": "of-a-snapshot"}, 1.0))
+    run_sync(db.put_snapshot("snap-2", None, "deleted", "", {"base": "of-a-deleted-snapshot"},
+                             2.0))
+    run_sync(db.put_sandbox("sb-1", "running", "", {"base": "of-a-sandbox"}))
+    run_sync(db.close())
     monkeypatch.setenv("SANDLOT_IMAGES_DIR", str(images))
     runner = CliRunner()
 

@@ -77,6 +77,7 @@ def test_keys_create(tmp_path):
                           str(tmp_path)], capture_output=True, text=True, check=True)
     key = out.stdout.strip()
     assert key.startswith("sl_") and len(key) > 20
-    from sandlot.core.store import MetadataStore
+    from sandlot.core.db import run_sync
+    from sandlot.core.db.sqlite import SqliteStore
 
-    assert MetadataStore(tmp_path / "sandlot.db").key_valid(key)
+    assert run_sync(SqliteStore(tmp_path / "sandlot.db").key_valid(key))

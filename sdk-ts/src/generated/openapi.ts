@@ -18,7 +18,10 @@ export interface paths {
          */
         get: operations["list_sandboxes_v1_sandboxes_get"];
         put?: never;
-        /** Create Sandbox */
+        /**
+         * Create Sandbox
+         * @description A new sandbox from a template or a snapshot, on the host placement picks.
+         */
         post: operations["create_sandbox_v1_sandboxes_post"];
         delete?: never;
         options?: never;
@@ -70,7 +73,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Fork Sandbox */
+        /**
+         * Fork Sandbox
+         * @description `count` copy-on-write children of the sandbox's current state; in a deployment, those
+         *     that do not fit on its host start on others.
+         */
         post: operations["fork_sandbox_v1_sandboxes__sandbox_id__fork_post"];
         delete?: never;
         options?: never;
@@ -147,6 +154,28 @@ export interface paths {
         put?: never;
         /** Create Snapshot */
         post: operations["create_snapshot_v1_sandboxes__sandbox_id__snapshots_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{sandbox_id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Sandbox Metrics
+         * @description The sandbox's CPU, memory and disk use, sampled from the host every
+         *     SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
+         *     since the epoch).
+         */
+        get: operations["sandbox_metrics_v1_sandboxes__sandbox_id__metrics_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -473,6 +502,80 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/hosts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List Hosts */
+        get: operations["list_hosts_v1_hosts_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/hosts/{host_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get Host */
+        get: operations["get_host_v1_hosts__host_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/hosts/{host_id}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Drain Host
+         * @description No new sandboxes go to the host; those it runs run to their end.
+         */
+        post: operations["drain_host_v1_hosts__host_id__drain_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/hosts/{host_id}/activate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Activate Host
+         * @description A drained host takes new sandboxes again.
+         */
+        post: operations["activate_host_v1_hosts__host_id__activate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/health": {
         parameters: {
             query?: never;
@@ -627,6 +730,69 @@ export interface components {
             /** Detail */
             detail?: components["schemas"]["ValidationError"][];
         };
+        /**
+         * HostInfo
+         * @description A host of the deployment, as `GET /v1/hosts` shows it.
+         */
+        HostInfo: {
+            /** Id */
+            id: string;
+            /** Url */
+            url: string;
+            state: components["schemas"]["HostState"];
+            /**
+             * Cores
+             * @default 0
+             */
+            cores: number;
+            /**
+             * Memory Mb
+             * @default 0
+             */
+            memory_mb: number;
+            /**
+             * Memory Free Mb
+             * @default 0
+             */
+            memory_free_mb: number;
+            /**
+             * Disk Free Mb
+             * @default 0
+             */
+            disk_free_mb: number;
+            /**
+             * Cache Free Mb
+             * @default 0
+             */
+            cache_free_mb: number;
+            /**
+             * Slots
+             * @default 0
+             */
+            slots: number;
+            /**
+             * Sandboxes
+             * @default 0
+             */
+            sandboxes: number;
+            /**
+             * Heartbeat Age S
+             * @default 0
+             */
+            heartbeat_age_s: number;
+        };
+        /** HostList */
+        HostList: {
+            /** Hosts */
+            hosts: components["schemas"]["HostInfo"][];
+            /** This Host */
+            this_host: string;
+        };
+        /**
+         * HostState
+         * @enum {string}
+         */
+        HostState: "active" | "draining" | "lost" | "stopped";
         /** KillBody */
         KillBody: {
             /**
@@ -639,6 +805,11 @@ export interface components {
         Killed: {
             /** Killed */
             killed: boolean;
+        };
+        /** MetricList */
+        MetricList: {
+            /** Metrics */
+            metrics: components["schemas"]["SandboxMetric"][];
         };
         /** MkdirBody */
         MkdirBody: {
@@ -755,6 +926,28 @@ export interface components {
             /** Sandboxes */
             sandboxes: components["schemas"]["SandboxRecord"][];
         };
+        /**
+         * SandboxMetric
+         * @description One sample. `cpu_used_pct` is of the sandbox's own vCPUs (100: all of them busy);
+         *     `mem_used` is the memory that is the sandbox's own on the host (pages it changed since
+         *     its restore, and QEMU's), `disk_used` the bytes its own disk layers hold.
+         */
+        SandboxMetric: {
+            /** Timestamp */
+            timestamp: number;
+            /** Cpu Count */
+            cpu_count: number;
+            /** Cpu Used Pct */
+            cpu_used_pct: number;
+            /** Mem Used */
+            mem_used: number;
+            /** Mem Total */
+            mem_total: number;
+            /** Disk Used */
+            disk_used: number;
+            /** Disk Total */
+            disk_total: number;
+        };
         /** SandboxRecord */
         SandboxRecord: {
             /** Sandbox Id */
@@ -806,12 +999,14 @@ export interface components {
             pid?: number | null;
             /** Error */
             error?: string | null;
+            /** Host */
+            host?: string | null;
         };
         /**
          * SandboxState
          * @enum {string}
          */
-        SandboxState: "starting" | "running" | "paused" | "stopped" | "failed";
+        SandboxState: "starting" | "running" | "paused" | "stopped" | "failed" | "lost";
         /** SnapshotBody */
         SnapshotBody: {
             /** Name */
@@ -1324,6 +1519,40 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SnapshotRecord"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    sandbox_metrics_v1_sandboxes__sandbox_id__metrics_get: {
+        parameters: {
+            query?: {
+                start?: number | null;
+                end?: number | null;
+            };
+            header?: never;
+            path: {
+                sandbox_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MetricList"];
                 };
             };
             /** @description Validation Error */
@@ -2077,6 +2306,119 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TemplateInfo"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    list_hosts_v1_hosts_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HostList"];
+                };
+            };
+        };
+    };
+    get_host_v1_hosts__host_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HostInfo"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    drain_host_v1_hosts__host_id__drain_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HostInfo"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    activate_host_v1_hosts__host_id__activate_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HostInfo"];
                 };
             };
             /** @description Validation Error */

@@ -24,6 +24,7 @@ class SandboxState(StrEnum):
     PAUSED = "paused"  # its state is in a snapshot (`paused_snapshot`); no VM runs
     STOPPED = "stopped"
     FAILED = "failed"
+    LOST = "lost"  # its host stopped answering (core/hosts.py); it is not running anywhere
 
 
 class SnapshotState(StrEnum):
@@ -40,12 +41,14 @@ class SnapshotKind(StrEnum):
 
 
 SANDBOX_TRANSITIONS: dict[SandboxState, set[SandboxState]] = {
-    SandboxState.STARTING: {SandboxState.RUNNING, SandboxState.FAILED, SandboxState.STOPPED},
+    SandboxState.STARTING: {SandboxState.RUNNING, SandboxState.FAILED, SandboxState.STOPPED,
+                            SandboxState.LOST},
     SandboxState.RUNNING: {SandboxState.STOPPED, SandboxState.FAILED, SandboxState.STARTING,
-                           SandboxState.PAUSED},
+                           SandboxState.PAUSED, SandboxState.LOST},
     SandboxState.PAUSED: {SandboxState.STARTING, SandboxState.STOPPED},
     SandboxState.FAILED: {SandboxState.STOPPED},
     SandboxState.STOPPED: set(),
+    SandboxState.LOST: {SandboxState.STOPPED},  # its host came back and removed it
 }
 SNAPSHOT_TRANSITIONS: dict[SnapshotState, set[SnapshotState]] = {
     SnapshotState.CREATING: {SnapshotState.UPLOADING, SnapshotState.READY, SnapshotState.FAILED},
@@ -93,6 +96,7 @@ class SandboxRecord(BaseModel):
     forked_from: str | None = None  # the parent sandbox of a fork child
     pid: int | None = None
     error: str | None = None
+    host: str | None = None  # the id of the host it runs on (GET /v1/hosts)
     # Internal bookkeeping, persisted but not part of the API shape.
     image_key: str = Field("", exclude=True,
                            validation_alias=AliasChoices("image_key", "source_key"))
@@ -122,7 +126,7 @@ class SnapshotRecord(BaseModel):
     pause_ms: float | None = None
     capture_ms: float | None = None
     kind: SnapshotKind = Field(SnapshotKind.USER, exclude=True)
-    internal: bool = Field(False, exclude=True)  # a fork's, by a sandlot before 0.2
+    internal: bool = Field(False, exclude=True)  # a fork's, for children on other hosts
     machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
     workdir: str | None = Field(None, exclude=True)
     build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sandlot.config import Settings
+from sandlot.core.db import MetadataStore
 from sandlot.core.limits import check_egress, check_env, check_metadata
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
@@ -28,9 +29,9 @@ from sandlot.core.models import (
 )
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
-from sandlot.core.store import MetadataStore
 from sandlot.core.templates import TemplateStore
 from sandlot.errors import (
+    CapacityError,
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 MAX_FORK = 64
 PAUSE_CAPTURE_WAIT = 120.0
 PAUSE_READY_WAIT = 600.0
+ENDED_KEPT = 4096
+# what a listing shows unless asked for other states
+LISTED = (SandboxState.STARTING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.LOST)
 
 
 def new_sandbox_id() -> str:
@@ -68,47 +72,64 @@ def plan_of(rec: SandboxRecord) -> MachinePlan:
 
 class SandboxManager:
     def __init__(self, settings: Settings, db: MetadataStore, runtime: Runtime,
-                 templates: TemplateStore, snapshots: SnapshotManager) -> None:
+                 templates: TemplateStore, snapshots: SnapshotManager, host_id: str) -> None:
         self.settings = settings
         self.db = db
+        self.host_id = host_id
         self.runtime = runtime
         self.templates = templates
         self.snapshots = snapshots
         self.live: dict[str, LiveSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
+        self._ended: dict[str, str] = {}  # last known state of sandboxes not running here
 
     # ---- records --------------------------------------------------------------------------
 
-    def _save(self, rec: SandboxRecord) -> None:
-        self.db.put_sandbox(rec.sandbox_id, rec.state.value, to_doc(rec))
+    async def _save(self, rec: SandboxRecord) -> None:
+        if rec.state in (SandboxState.STARTING, SandboxState.RUNNING):
+            rec.host = self.host_id
+        elif rec.state in (SandboxState.STOPPED, SandboxState.FAILED, SandboxState.PAUSED):
+            self.seen(rec.sandbox_id, rec.state.value)
+        await self.db.put_sandbox(rec.sandbox_id, rec.state.value, rec.host or self.host_id,
+                                  to_doc(rec))
+
+    def seen(self, sandbox_id: str, state: str) -> None:
+        """Remember the state of a sandbox that does not run here (for error messages)."""
+        self._ended.pop(sandbox_id, None)
+        self._ended[sandbox_id] = state
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.pop(next(iter(self._ended)))
 
     def get_live(self, sandbox_id: str) -> LiveSandbox:
+        """The sandbox's VM on this host, or NotFoundError."""
         live = self.live.get(sandbox_id)
         if live is None:
-            rec = self.db.get_sandbox(sandbox_id)
-            if rec is None:
-                raise NotFoundError(f"sandbox {sandbox_id!r} not found")
-            raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
-                                f"(state: {rec.get('state')})")
+            state = self._ended.get(sandbox_id)
+            if state is not None:
+                raise NotFoundError(f"sandbox {sandbox_id!r} is not running (state: {state})")
+            raise NotFoundError(f"sandbox {sandbox_id!r} not found or not running")
         return live
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
+    async def get(self, sandbox_id: str) -> SandboxRecord:
         live = self.live.get(sandbox_id)
         if live is not None:
             return live.record
-        doc = self.db.get_sandbox(sandbox_id)
+        doc = await self.db.get_sandbox(sandbox_id)
         if doc is None:
             raise NotFoundError(f"sandbox {sandbox_id!r} not found")
         return SandboxRecord.model_validate(doc)
 
-    def list(self, metadata: dict[str, str] | None = None, all: bool = False,
-             states: tuple[SandboxState, ...] | None = None) -> list[SandboxRecord]:
-        """Running sandboxes (and paused ones, or those in `states`); `all`: every record."""
+    async def list(self, metadata: dict[str, str] | None = None, all: bool = False,
+                   states: tuple[SandboxState, ...] | None = None) -> list[SandboxRecord]:
+        """Running, paused and lost sandboxes of every host (or those in `states`); `all`:
+        every record. This host's running ones come from memory, the rest from the store."""
         if all:
-            recs = [SandboxRecord.model_validate(d) for d in self.db.sandboxes()]
+            docs = await self.db.sandboxes()
         else:
-            recs = [lv.record for lv in self.live.values()]
-            recs += [SandboxRecord.model_validate(d) for d in self.db.sandboxes(("paused",))]
+            docs = await self.db.sandboxes(tuple(s.value for s in LISTED))
+        recs = [lv.record for lv in self.live.values()]
+        recs += [r for r in (SandboxRecord.model_validate(d) for d in docs)
+                 if r.sandbox_id not in self.live]
         if states:
             recs = [r for r in recs if r.state in states]
         if metadata:
@@ -136,17 +157,28 @@ class SandboxManager:
         if req.template and req.snapshot_id:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
         self.check_request(req)
+        self.check_room()
         source = await self.resolve_source(req)
-        with self.snapshots.holding(source.snapshot_id):  # a delete waits for the restore
+        async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
             rec = self._new_record(source, req)
             vm = await self.runtime.claim(source.image, plan_of(rec))
             if vm is not None:  # a pooled VM, already given the record's identity
                 rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
                 rec.pid = vm.pid
-                self._register(LiveSandbox(rec, vm))
+                await self._register(LiveSandbox(rec, vm))
                 return rec
             await self._start(rec, source)
         return rec
+
+    def check_room(self, count: int = 1) -> None:
+        """Room on this host for `count` more sandboxes (SANDLOT_MAX_SANDBOXES)."""
+        running, slots = len(self.live), self.settings.max_sandboxes
+        if running + count > slots:
+            raise CapacityError(f"host {self.host_id} runs {running} of its {slots} sandboxes "
+                                f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
+
+    def free_slots(self) -> int:
+        return max(0, self.settings.max_sandboxes - len(self.live))
 
     def check_request(self, req: CreateSandbox) -> None:
         """The caller's env, metadata and egress rules are within the limits."""
@@ -177,27 +209,27 @@ class SandboxManager:
 
     async def _start(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
         """Restore `source` into the sandbox `rec` describes, and register it as live."""
-        self._save(rec)
+        await self._save(rec)
         try:
             vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id)
         except BaseException as e:
             rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
             with contextlib.suppress(SandlotError):
                 transition(rec, SandboxState.FAILED)
-                self._save(rec)
+                await self._save(rec)
             if isinstance(e, SandlotError) or not isinstance(e, Exception):
                 raise
             raise VmmError(f"sandbox failed to start: {rec.error}") from e
         rec.pid = vm.pid
         live = LiveSandbox(rec, vm)
-        self._register(live)
+        await self._register(live)
         return live
 
-    def _register(self, live: LiveSandbox) -> None:
+    async def _register(self, live: LiveSandbox) -> None:
         transition(live.record, SandboxState.RUNNING)
         live.record.error = None
         self.live[live.sandbox_id] = live
-        self._save(live.record)
+        await self._save(live.record)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -206,33 +238,37 @@ class SandboxManager:
         async with self._lock(sandbox_id):
             live = self.live.get(sandbox_id)
             if live is not None:
-                await self._teardown(live, SandboxState.STOPPED)
+                await self.teardown(live, SandboxState.STOPPED)
                 return
-            rec = self.get(sandbox_id)
+            rec = await self.get(sandbox_id)
+            if rec.state == SandboxState.LOST:  # its host is gone: close the record
+                transition(rec, SandboxState.STOPPED)
+                await self._save(rec)
+                return
             if rec.state != SandboxState.PAUSED:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
                                     f"(state: {rec.state.value})")
-            self._drop_pause_snapshot(rec)
+            await self._drop_pause_snapshot(rec)
             transition(rec, SandboxState.STOPPED)
-            self._save(rec)
+            await self._save(rec)
         self._locks.pop(sandbox_id, None)
 
-    async def _teardown(self, live: LiveSandbox, state: SandboxState) -> None:
+    async def teardown(self, live: LiveSandbox, state: SandboxState) -> None:
         self.live.pop(live.sandbox_id, None)
         await self.runtime.kill(live.vm)
         rec = live.record
         rec.pid = None
         transition(rec, state)
-        self._save(rec)
+        await self._save(rec)
 
-    def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
+    async def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         if timeout < 0 or timeout > self.settings.max_timeout:
             raise InvalidArgumentError(
                 f"timeout must be between 0 and {self.settings.max_timeout} seconds")
         rec = self.get_live(sandbox_id).record
         rec.timeout = timeout
         rec.expires_at = now() + timedelta(seconds=timeout) if timeout else None
-        self._save(rec)
+        await self._save(rec)
         return rec
 
     async def reap_expired(self) -> list[str]:
@@ -244,14 +280,14 @@ class SandboxManager:
             log.info("sandbox %s reached its timeout", live.sandbox_id)
             async with live.lock:
                 if live.sandbox_id in self.live:
-                    await self._teardown(live, SandboxState.STOPPED)
+                    await self.teardown(live, SandboxState.STOPPED)
         for live in dead:
             log.warning("sandbox %s: its VM exited on its own: %s", live.sandbox_id,
                         live.vm.diagnostics())
             live.record.error = "the VM exited unexpectedly"
             async with live.lock:
                 if live.sandbox_id in self.live:
-                    await self._teardown(live, SandboxState.FAILED)
+                    await self.teardown(live, SandboxState.FAILED)
         return [lv.sandbox_id for lv in expired + dead]
 
     # ---- network --------------------------------------------------------------------------
@@ -284,16 +320,16 @@ class SandboxManager:
             rec.network = network
         await self.runtime.set_network(live.vm, policy_of(rec))
         live.record.internet, live.record.network = rec.internet, rec.network
-        self._save(live.record)
+        await self._save(live.record)
         return live.record
 
     # ---- snapshots, fork, rollback --------------------------------------------------------
 
-    def snapshot(self, sandbox_id: str, name: str | None = None,
-                 kind: SnapshotKind = SnapshotKind.USER):
+    async def snapshot(self, sandbox_id: str, name: str | None = None,
+                       kind: SnapshotKind = SnapshotKind.USER, internal: bool = False):
         """Start a snapshot of a running sandbox; it goes on in the background."""
         live = self.get_live(sandbox_id)
-        rec = self.snapshots.begin(live, name, kind)
+        rec = await self.snapshots.begin(live, name, kind, internal)
         self.snapshots.start(live, rec)
         return rec
 
@@ -302,6 +338,7 @@ class SandboxManager:
         if not 1 <= count <= MAX_FORK:
             raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
         live = self.get_live(sandbox_id)
+        self.check_room(count)
         parent = live.record
         key = "fork-" + secrets.token_hex(5)
         async with live.lock:
@@ -337,7 +374,7 @@ class SandboxManager:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
         live = self.get_live(sandbox_id)
         source = await self.snapshots.source(snapshot)
-        with self.snapshots.holding(source.snapshot_id):  # a delete waits for the restore
+        async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
             return await self._rollback(live, source)
 
     async def _rollback(self, live: LiveSandbox, source: Source) -> SandboxRecord:
@@ -366,21 +403,21 @@ class SandboxManager:
         back under the same id. Answers once the state is stored. InvalidStateError if it
         is paused already."""
         if sandbox_id not in self.live:
-            self._check_not_paused(sandbox_id)
+            await self._check_not_paused(sandbox_id)
         live = self.get_live(sandbox_id)
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
-                self._check_not_paused(sandbox_id)  # another pause got there first
+                await self._check_not_paused(sandbox_id)  # another pause got there first
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
-            snap = self.snapshots.begin(live, None, SnapshotKind.PAUSE)
+            snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE)
             try:
                 captured = await self.snapshots.capture(live, snap)
             except SandlotError as e:
                 raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}"
                                    ) from e
             rec.paused_snapshot = snap.snapshot_id
-            await self._teardown(live, SandboxState.PAUSED)
+            await self.teardown(live, SandboxState.PAUSED)
             self._locks[sandbox_id] = live.lock
         try:
             await self.snapshots.upload(snap, captured)
@@ -389,14 +426,14 @@ class SandboxManager:
             rec.error = f"pausing failed: {e.message}"
             rec.paused_snapshot = None
             transition(rec, SandboxState.STOPPED)
-            self._save(rec)
+            await self._save(rec)
             raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}") from e
         finally:
             self.runtime.release(snap.snapshot_id)
         return rec
 
-    def _check_not_paused(self, sandbox_id: str) -> None:
-        rec = self.get(sandbox_id)
+    async def _check_not_paused(self, sandbox_id: str) -> None:
+        rec = await self.get(sandbox_id)
         if rec.state == SandboxState.PAUSED:
             raise InvalidStateError(f"sandbox {sandbox_id} is already paused; resume it first",
                                     current=rec.state.value, allowed=("running",))
@@ -404,10 +441,11 @@ class SandboxManager:
     async def resume(self, sandbox_id: str, timeout: int | None = None) -> SandboxRecord:
         """Bring a paused sandbox back, exactly where it was, under its id."""
         async with self._lock(sandbox_id):
-            rec = self.get(sandbox_id)
+            rec = await self.get(sandbox_id)
             if rec.state != SandboxState.PAUSED or not rec.paused_snapshot:
                 raise InvalidStateError(f"sandbox {sandbox_id} is {rec.state.value}",
                                         current=rec.state.value, allowed=("paused",))
+            self.check_room()
             snap = await self.snapshots.wait(rec.paused_snapshot, PAUSE_READY_WAIT)
             if snap.state != SnapshotState.READY:
                 raise StorageError(f"sandbox {sandbox_id}'s paused state is {snap.state.value}"
@@ -424,16 +462,16 @@ class SandboxManager:
             except SandlotError:
                 rec.state = SandboxState.PAUSED  # its state is still there: it may try again
                 rec.error = None
-                self._save(rec)
+                await self._save(rec)
                 raise
-            self._drop_pause_snapshot(rec)
+            await self._drop_pause_snapshot(rec)
         self._locks.pop(sandbox_id, None)
         return rec
 
-    def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
+    async def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
         if rec.paused_snapshot:
             with contextlib.suppress(SandlotError):
-                self.snapshots.delete(rec.paused_snapshot)
+                await self.snapshots.delete(rec.paused_snapshot)
             rec.paused_snapshot = None
 
 

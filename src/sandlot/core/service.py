@@ -13,13 +13,15 @@ import logging
 
 from sandlot.config import Settings
 from sandlot.core.commands import Commands
+from sandlot.core.db import open_store
 from sandlot.core.files import Files
+from sandlot.core.hosts import Hosts
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
-from sandlot.core.store import MetadataStore
 from sandlot.core.templates import TemplateStore, image_of
+from sandlot.core.usage import UsageSampler
 from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 
@@ -33,18 +35,27 @@ class Core:
         self.settings = settings
         self.runtime = runtime
         settings.ensure()
-        self.db = MetadataStore(settings.db_path)
+        self.host_id = settings.stable_host_id()
+        self.db = open_store(settings.database_url, settings.db_path)
         self.templates = TemplateStore(settings, runtime)
-        self.snapshots = SnapshotManager(self.db, runtime)
+        self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
-                                        self.snapshots)
+                                        self.snapshots, self.host_id)
+        self.hosts = Hosts(settings, self.db, runtime, self.host_id,
+                           running=lambda: len(self.sandboxes.live))
+        self.hosts.on_back = self._remove_lost
+        self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
+                                  interval=settings.metrics_interval)
         self.commands = Commands(self.sandboxes.get_live, settings.limits,
                                  settings.command_grace)
         self.files = Files(self.sandboxes.get_live, settings.limits)
         self._reaper: asyncio.Task | None = None
+        self._keys: set[str] = set()
         self._background: list[asyncio.Task] = []
 
-    async def start(self) -> None:
+    async def start(self, url: str = "") -> None:
+        """Open the metadata store, recover, join the deployment (reachable at `url`)."""
+        await self.db.open()
         await self.recover()
         warm = {}
         for name in self.settings.pool_templates if self.settings.pool_size else ():
@@ -56,9 +67,13 @@ class Core:
         self._background = [asyncio.create_task(self._import_templates()),
                             asyncio.create_task(self._gc_loop())]
         await self.runtime.start()
+        await self.hosts.start(url)
+        self.usage.start()
         self._reaper = asyncio.create_task(self._reap_loop())
 
     async def stop(self, kill_sandboxes: bool = False) -> None:
+        await self.usage.stop()
+        await self.hosts.stop()
         for task in [self._reaper, *self._background]:
             if task is not None:
                 task.cancel()
@@ -71,10 +86,31 @@ class Core:
             if kill_sandboxes:
                 live.record.pid = None
                 transition(live.record, SandboxState.STOPPED)
-                self.db.put_sandbox(live.sandbox_id, live.record.state.value,
-                                    to_doc(live.record))
+                await self.db.put_sandbox(live.sandbox_id, live.record.state.value,
+                                          self.host_id, to_doc(live.record))
         self.sandboxes.live.clear()
-        self.db.close()
+        await self.db.close()
+
+    async def key_valid(self, key: str) -> bool:
+        """Whether `key` is an API key of the deployment (valid ones are remembered)."""
+        if key in self._keys:
+            return True
+        if await self.db.key_valid(key):
+            self._keys.add(key)
+            return True
+        return False
+
+    async def _remove_lost(self) -> None:
+        """This host was marked lost (silent too long) and answers again: the sandboxes the
+        deployment reported lost are gone for their users, so their VMs go too."""
+        for live in list(self.sandboxes.live.values()):
+            doc = await self.db.get_sandbox(live.sandbox_id)
+            if doc is not None and doc.get("state") == SandboxState.LOST.value:
+                log.warning("sandbox %s was reported lost: removing it", live.sandbox_id)
+                live.record.state = SandboxState.LOST
+                live.record.error = doc.get("error")
+                async with live.lock:
+                    await self.sandboxes.teardown(live, SandboxState.STOPPED)
 
     async def _import_templates(self) -> None:
         """Give the store the templates this host built that it lacks (a new store): their
@@ -109,9 +145,15 @@ class Core:
         """Re-adopt running sandboxes whose VM still runs; mark the others stopped. The
         runtime removes everything else an earlier server left (VMs, disks, networks, local
         files no sandbox, template or snapshot needs)."""
-        ready = self.snapshots.recover()
+        ready = await self.snapshots.recover()
+        mine = self.host_id if self.db.shared else None
         recs = [SandboxRecord.model_validate(d)
-                for d in self.db.sandboxes(("starting", "running"))]
+                for d in await self.db.sandboxes(("starting", "running"), host=mine)]
+        for doc in await self.db.sandboxes(("lost",), host=mine):
+            rec = SandboxRecord.model_validate(doc)  # reported lost while this host was away
+            transition(rec, SandboxState.STOPPED)
+            await self.db.put_sandbox(rec.sandbox_id, rec.state.value, self.host_id,
+                                      to_doc(rec))
         running = {r.sandbox_id: policy_of(r) for r in recs if r.state == SandboxState.RUNNING}
         keep = ready | {f"tpl-{t.hash}" for t in self.templates.list()}
         adopted = await self.runtime.recover(running, keep)
@@ -125,6 +167,7 @@ class Core:
                 rec.error = rec.error or "lost when the server restarted"
                 with contextlib.suppress(SandlotError):
                     transition(rec, SandboxState.STOPPED)
-            self.db.put_sandbox(rec.sandbox_id, rec.state.value, to_doc(rec))
+            await self.db.put_sandbox(rec.sandbox_id, rec.state.value, self.host_id,
+                                      to_doc(rec))
         if adopted:
             log.info("re-adopted %d sandboxes", len(adopted))

@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from sandlot.core.db import MetadataStore, NameTaken
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
     SnapshotKind,
@@ -30,7 +31,6 @@ from sandlot.core.models import (
     transition,
 )
 from sandlot.core.sources import Source
-from sandlot.core.store import MetadataStore
 from sandlot.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -59,9 +59,14 @@ class _Progress:
 
 
 class SnapshotManager:
-    def __init__(self, db: MetadataStore, runtime: Runtime) -> None:
+    def __init__(self, db: MetadataStore, runtime: Runtime, host_id: str) -> None:
         self.db = db
         self.runtime = runtime
+        self.host_id = host_id
+        self._changed = asyncio.Event()  # another host changed a snapshot (shared store)
+        self.on_ready: Callable[[SnapshotRecord], None] | None = None  # metrics
+        if hasattr(db, "on_snapshot_change"):
+            db.on_snapshot_change(lambda _id: self._changed.set())
         self._progress: dict[str, _Progress] = {}
         self._tasks: set[asyncio.Task] = set()
         self._holds: dict[str, int] = {}  # snapshot id -> restores from it under way
@@ -69,11 +74,11 @@ class SnapshotManager:
 
     # ---- records --------------------------------------------------------------------------
 
-    def _save(self, rec: SnapshotRecord) -> None:
+    async def _save(self, rec: SnapshotRecord) -> None:
         try:
-            self.db.put_snapshot(rec.snapshot_id, rec.name, rec.state.value, to_doc(rec),
-                                 rec.created_at.timestamp())
-        except sqlite3.IntegrityError:
+            await self.db.put_snapshot(rec.snapshot_id, rec.name, rec.state.value, self.host_id,
+                                       to_doc(rec), rec.created_at.timestamp())
+        except NameTaken:
             raise ConflictError(f"a snapshot named {rec.name!r} already exists") from None
         progress = self._progress.get(rec.snapshot_id)
         if progress is not None:
@@ -83,8 +88,8 @@ class SnapshotManager:
                 progress.finished.set()
                 self._progress.pop(rec.snapshot_id, None)
 
-    def get(self, id_or_name: str, *, include_deleted: bool = False) -> SnapshotRecord:
-        doc = self.db.get_snapshot(id_or_name)
+    async def get(self, id_or_name: str, *, include_deleted: bool = False) -> SnapshotRecord:
+        doc = await self.db.get_snapshot(id_or_name)
         if doc is None:
             raise NotFoundError(f"snapshot {id_or_name!r} not found")
         rec = SnapshotRecord.model_validate(doc)
@@ -92,50 +97,50 @@ class SnapshotManager:
             raise NotFoundError(f"snapshot {id_or_name!r} was deleted")
         return rec
 
-    def list(self, sandbox_id: str | None = None,
-             kind: SnapshotKind = SnapshotKind.USER) -> list[SnapshotRecord]:
+    async def list(self, sandbox_id: str | None = None,
+                   kind: SnapshotKind = SnapshotKind.USER) -> list[SnapshotRecord]:
         states = tuple(s.value for s in SnapshotState if s != SnapshotState.DELETED)
-        recs = [SnapshotRecord.model_validate(d) for d in self.db.snapshots(states)]
+        recs = [SnapshotRecord.model_validate(d) for d in await self.db.snapshots(states)]
         recs = [r for r in recs if r.kind == kind and not r.internal]
         if sandbox_id:
             recs = [r for r in recs if r.sandbox_id == sandbox_id]
         return recs
 
-    def check_name(self, name: str | None, except_id: str | None = None) -> None:
+    async def check_name(self, name: str | None, except_id: str | None = None) -> None:
         if name is None:
             return
         if not NAME_RE.match(name) or name.startswith(("snap-", "sb-")):
             raise InvalidArgumentError(
                 "snapshot names are 1-63 lowercase letters, digits, '.', '_' or '-', "
                 "and may not start with 'snap-' or 'sb-'")
-        if self.db.name_taken(name, except_id):
+        if await self.db.name_taken(name, except_id):
             raise ConflictError(f"a snapshot named {name!r} already exists")
 
-    def rename(self, id_or_name: str, name: str | None) -> SnapshotRecord:
-        rec = self.get(id_or_name)
-        self.check_name(name, except_id=rec.snapshot_id)
+    async def rename(self, id_or_name: str, name: str | None) -> SnapshotRecord:
+        rec = await self.get(id_or_name)
+        await self.check_name(name, except_id=rec.snapshot_id)
         rec.name = name
-        self._save(rec)
+        await self._save(rec)
         return rec
 
-    def delete(self, id_or_name: str) -> None:
+    async def delete(self, id_or_name: str) -> None:
         """Soft delete: the record stays as `deleted`; the data goes in the background (the
         local files once no sandbox restored from it maps them)."""
-        rec = self.get(id_or_name)
+        rec = await self.get(id_or_name)
         if rec.state in (SnapshotState.CREATING, SnapshotState.UPLOADING):
             raise InvalidStateError(f"snapshot {rec.snapshot_id} is still {rec.state.value}; "
                                     "wait for it before deleting", current=rec.state.value,
                                     allowed=("ready", "failed"))
         transition(rec, SnapshotState.DELETED)
         rec.name = None
-        self._save(rec)
+        await self._save(rec)
         if self._holds.get(rec.snapshot_id):
             self._doomed.add(rec.snapshot_id)  # a restore from it is under way: after it
         else:
             self._spawn(self.runtime.discard(rec.snapshot_id))
 
-    @contextlib.contextmanager
-    def holding(self, snapshot_id: str | None) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def holding(self, snapshot_id: str | None) -> AsyncIterator[None]:
         """Hold a snapshot while a restore from it runs (taken right after `source`): a
         delete meanwhile succeeds (the record is `deleted` at once, new restores are
         refused), but its data (the store's copy, the hot files the restore is fetching or
@@ -149,7 +154,7 @@ class SnapshotManager:
         # saved `deleted` before the check (NotFoundError here), whatever the order.
         self._holds[snapshot_id] = self._holds.get(snapshot_id, 0) + 1
         try:
-            self.get(snapshot_id)  # not deleted meanwhile
+            await self.get(snapshot_id)  # not deleted meanwhile
             yield
         finally:
             left = self._holds.pop(snapshot_id) - 1
@@ -166,7 +171,7 @@ class SnapshotManager:
         A snapshot id this server has no record of is looked up in the store (another server
         took it): its manifest carries its record."""
         try:
-            rec = self.get(id_or_name, include_deleted=True)
+            rec = await self.get(id_or_name, include_deleted=True)
         except NotFoundError:
             if not id_or_name.startswith("snap-"):
                 raise
@@ -194,7 +199,7 @@ class SnapshotManager:
             raise NotFoundError(f"snapshot {snapshot_id!r} is in the store without a record")
         rec = SnapshotRecord.model_validate({**record, "name": None})
         rec.state = SnapshotState.READY
-        self._save(rec)
+        await self._save(rec)
         log.info("snapshot %s: taken by another server, found in the store", snapshot_id)
         return rec
 
@@ -211,18 +216,20 @@ class SnapshotManager:
 
     # ---- taking snapshots -----------------------------------------------------------------
 
-    def begin(self, live: LiveSandbox, name: str | None,
-              kind: SnapshotKind = SnapshotKind.USER) -> SnapshotRecord:
-        """A new `creating` record for a snapshot of `live`."""
-        self.check_name(name)
+    async def begin(self, live: LiveSandbox, name: str | None,
+                    kind: SnapshotKind = SnapshotKind.USER,
+                    internal: bool = False) -> SnapshotRecord:
+        """A new `creating` record for a snapshot of `live` (`internal`: not listed, deleted
+        by its host's next start if still there: a fork's, for children on other hosts)."""
+        await self.check_name(name)
         sb = live.record
         rec = SnapshotRecord(
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
-            kind=kind, workdir=sb.workdir, build=sb.build,
+            kind=kind, workdir=sb.workdir, build=sb.build, internal=internal,
         )
         self._progress[rec.snapshot_id] = _Progress()
-        self._save(rec)
+        await self._save(rec)
         return rec
 
     def start(self, live: LiveSandbox, rec: SnapshotRecord) -> None:
@@ -256,9 +263,9 @@ class SnapshotManager:
             rec.pause_ms = round(captured.pause_ms, 2)
             rec.capture_ms = round(captured.total_ms, 2)
             transition(rec, SnapshotState.UPLOADING)
-            self._save(rec)
+            await self._save(rec)
         except BaseException as e:
-            self._fail(rec, e)
+            await self._fail(rec, e)
             raise
         return captured
 
@@ -267,18 +274,20 @@ class SnapshotManager:
             stored = await self.runtime.persist(captured, {"record": to_doc(rec)})
             rec.size_bytes = stored.size_bytes
             rec.stored_bytes = stored.stored_bytes
-            current = self.get(rec.snapshot_id, include_deleted=True)
+            current = await self.get(rec.snapshot_id, include_deleted=True)
             if current.state != SnapshotState.UPLOADING:
                 return current
             transition(rec, SnapshotState.READY)
             rec.ready_at = now()
-            self._save(rec)
+            await self._save(rec)
+            if self.on_ready is not None and rec.kind == SnapshotKind.USER:
+                self.on_ready(rec)
         except BaseException as e:
-            self._fail(rec, e)
+            await self._fail(rec, e)
             raise
         return rec
 
-    def _fail(self, rec: SnapshotRecord, exc: BaseException) -> None:
+    async def _fail(self, rec: SnapshotRecord, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):
             message = "interrupted (server shutting down)"
         elif isinstance(exc, SandlotError):
@@ -290,8 +299,8 @@ class SnapshotManager:
         if rec.state not in (SnapshotState.FAILED, SnapshotState.DELETED):
             transition(rec, SnapshotState.FAILED)
         try:
-            self._save(rec)
-        except SandlotError:
+            await self._save(rec)
+        except (SandlotError, OSError):
             pass
         self._spawn(self.runtime.discard(rec.snapshot_id))
 
@@ -299,7 +308,7 @@ class SnapshotManager:
                    captured_only: bool = False) -> SnapshotRecord:
         """The snapshot once it is ready, failed or deleted (or, `captured_only`, no longer
         creating), or as it is when `timeout` runs out."""
-        rec = self.get(id_or_name, include_deleted=True)
+        rec = await self.get(id_or_name, include_deleted=True)
         progress = self._progress.get(rec.snapshot_id)
         if progress is not None:
             event = progress.captured if captured_only else progress.finished
@@ -307,7 +316,20 @@ class SnapshotManager:
                 await asyncio.wait_for(event.wait(), timeout)
             except TimeoutError:
                 pass
-            rec = self.get(rec.snapshot_id, include_deleted=True)
+            return await self.get(rec.snapshot_id, include_deleted=True)
+        # Taken by another host: its changes come through the store (NOTIFY where shared).
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (rec.state in TERMINAL or
+                   (captured_only and rec.state != SnapshotState.CREATING)):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(1.0, left or 1.0))
+            except TimeoutError:
+                pass
+            rec = await self.get(rec.snapshot_id, include_deleted=True)
         return rec
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -329,20 +351,19 @@ class SnapshotManager:
 
     # ---- recovery -------------------------------------------------------------------------
 
-    def recover(self) -> set[str]:
-        """After a restart: unfinished snapshots become failed and their partial data goes;
-        so does every fork snapshot an older sandlot recorded. Returns the ready ones."""
-        for doc in self.db.snapshots(("creating", "uploading")):
+    async def recover(self) -> set[str]:
+        """After a restart: this host's unfinished snapshots become failed and their partial
+        data goes; so does every fork snapshot an older sandlot recorded. Returns the ready
+        ones (of every host: their files may be in this host's cache)."""
+        mine = self.host_id if self.db.shared else None
+        for doc in await self.db.snapshots(("creating", "uploading"), host=mine):
             rec = SnapshotRecord.model_validate(doc)
-            self._fail(rec, StorageError("interrupted: the server stopped while it was "
-                                         f"{rec.state.value}"))
-        ready = set()
-        for doc in self.db.snapshots(("ready", "failed")):
+            await self._fail(rec, StorageError("interrupted: the server stopped while it was "
+                                               f"{rec.state.value}"))
+        for doc in await self.db.snapshots(("ready", "failed"), host=mine):
             rec = SnapshotRecord.model_validate(doc)
             if rec.internal:
                 transition(rec, SnapshotState.DELETED)
-                self._save(rec)
+                await self._save(rec)
                 self._spawn(self.runtime.discard(rec.snapshot_id))
-            elif rec.state == SnapshotState.READY:
-                ready.add(rec.snapshot_id)
-        return ready
+        return {d["snapshot_id"] for d in await self.db.snapshots(("ready",))}

@@ -20,9 +20,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from sandlot import filelock
 from sandlot.config import Settings
+from sandlot.core.db import run_sync, with_store
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
-from sandlot.core.store import MetadataStore
 from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
 from sandlot.images import initramfs as initramfs_mod
 from sandlot.images.initramfs import build_initramfs
@@ -197,15 +197,14 @@ def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list
         return []
     with filelock.exclusive(store.root / ".build.lock"):  # never a build in progress
         keep = {t.hash for t in store.list()}
-        if settings.db_path.exists():
-            db = MetadataStore(settings.db_path)
-            try:
-                keep |= {d.get("build") or d.get("base")
-                         for d in db.snapshots(("creating", "uploading", "ready"))}
-                keep |= {d.get("build") or d.get("base")
-                         for d in db.sandboxes(("starting", "running", "paused"))}
-            finally:
-                db.close()
+        if settings.db_path.exists() or settings.database_url:
+            async def in_use(db) -> set:
+                return ({d.get("build") or d.get("base")
+                         for d in await db.snapshots(("creating", "uploading", "ready"))} |
+                        {d.get("build") or d.get("base")
+                         for d in await db.sandboxes(("starting", "running", "paused"))})
+
+            keep |= run_sync(with_store(settings.database_url, settings.db_path, in_use))
         unused = sorted(b.name for b in store.builds.iterdir()
                         if b.is_dir() and b.name not in keep)
         if not dry_run:

@@ -24,6 +24,7 @@ from sandlot.guest.client import (
     ProcessInfo,
     Started,
 )
+from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.network import NetworkPolicy
@@ -69,6 +70,31 @@ class Captured:
     image: Image
     pause_ms: float
     total_ms: float
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a host can still take: memory beyond its reserve, disk, and the images its cache
+    holds (a restore of those fetches nothing)."""
+
+    memory_free_mb: int
+    disk_free_mb: int = 0
+    cache_free_mb: int = 0
+    cached: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a VM uses now, measured from the host: CPU time so far, memory that is its own
+    (pages it changed or allocated, not the image pages it shares), the bytes its own disk
+    layers hold, and its sizes."""
+
+    cpu_seconds: float
+    memory_bytes: int
+    memory_total_bytes: int
+    disk_bytes: int
+    disk_total_bytes: int
+    cpus: int
 
 
 @dataclass(frozen=True)
@@ -226,6 +252,14 @@ class Runtime(abc.ABC):
 
     def pool_stats(self) -> dict[str, dict]:
         return {}
+
+    def usage(self, vm: Vm) -> Usage | None:
+        """The VM's use of CPU, memory and disk (None if it is gone)."""
+        return None
+
+    def room(self) -> Room:
+        """What this host can still take, for placement across hosts (core/hosts.py)."""
+        return Room(memory_free_mb=mem_available_mb())
 
     async def start(self) -> None:  # noqa: B027 - optional
         """Start background work (the warm pool)."""

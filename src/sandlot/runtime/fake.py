@@ -45,6 +45,7 @@ from sandlot.runtime.base import (
     Runtime,
     Started,
     Stored,
+    Usage,
     Vm,
 )
 from sandlot.vmm.qemu import QemuInfo
@@ -411,6 +412,15 @@ class FakeRuntime(Runtime):
         self.persist_delay = 0.0
         self.fail_persist: str | None = None
         self.restores = 0
+
+
+    def usage(self, vm: Vm) -> Usage | None:
+        assert isinstance(vm, FakeVm)
+        if vm.gone:
+            return None
+        return Usage(cpu_seconds=0.01 * len(vm.agent.procs), memory_bytes=64 << 20,
+                     memory_total_bytes=vm.memory_mb << 20, disk_bytes=8 << 20,
+                     disk_total_bytes=1 << 30, cpus=vm.cpus)
 
     def describe(self, memory_mb: int = 512, cpus: int = 1,
                  machine_type: str = "pc-q35-7.2") -> MachineDescription:

@@ -38,16 +38,19 @@ from sandlot.runtime.base import (
     Captured,
     Image,
     MachinePlan,
+    Room,
     Runtime,
     Stored,
+    Usage,
     Vm,
 )
 from sandlot.runtime.cache import HotCache, Lease
-from sandlot.runtime.capacity import HostReserve
+from sandlot.runtime.capacity import HostReserve, free_mb, mem_available_mb
 from sandlot.runtime.images import IMAGE_FILES, ImageStore
 from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
 from sandlot.runtime.qemu_vm import QemuVm, load_state
+from sandlot.runtime.usage import vm_usage
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
@@ -70,6 +73,7 @@ from sandlot.vmm.qemu import QemuInfo, qemu_info
 log = logging.getLogger(__name__)
 
 PARALLEL_RESTORES = 8
+MAX_ADVERTISED_KEYS = 256  # cached image keys a heartbeat names (placement prefers them)
 POOL_WARM_UP = "true"  # a pooled VM's first command, so a user's first one finds it warm
 BOOT_TIMEOUT = 180.0
 
@@ -526,6 +530,18 @@ class QemuRuntime(Runtime):
     def keep_warm(self, images: dict[str, Image]) -> None:
         if self.pool is not None:
             self.pool.keep(images)
+
+    def usage(self, vm: Vm) -> Usage | None:
+        assert isinstance(vm, QemuVm)
+        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disks.size)
+
+    def room(self) -> Room:
+        keys = self.cache.keys()
+        return Room(memory_free_mb=max(0, mem_available_mb() - self.reserve.memory_mb),
+                    disk_free_mb=max(0, free_mb(self.settings.disks_dir)
+                                     - self.reserve.disk_mb),
+                    cache_free_mb=free_mb(self.settings.hot_dir),
+                    cached=tuple(keys[:MAX_ADVERTISED_KEYS]))
 
     def pool_stats(self) -> dict[str, dict]:
         return self.pool.stats() if self.pool is not None else {}

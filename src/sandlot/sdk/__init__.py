@@ -4,7 +4,13 @@
 Import these from `sandlot` itself; the modules under this package are private.
 """
 
-from ._async._client import AsyncSandboxes, AsyncSandlot, AsyncSnapshots, AsyncTemplates
+from ._async._client import (
+    AsyncHosts,
+    AsyncSandboxes,
+    AsyncSandlot,
+    AsyncSnapshots,
+    AsyncTemplates,
+)
 from ._async._commands import AsyncCommandHandle, AsyncCommands
 from ._async._files import AsyncFiles
 from ._async._http import AsyncByteStream
@@ -13,12 +19,14 @@ from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
 from ._models import (
     CommandResult,
     EntryInfo,
+    HostInfo,
     ProcessInfo,
     SandboxInfo,
+    SandboxMetrics,
     SnapshotInfo,
     TemplateInfo,
 )
-from ._sync._client import Sandboxes, Sandlot, Snapshots, Templates
+from ._sync._client import Hosts, Sandboxes, Sandlot, Snapshots, Templates
 from ._sync._commands import CommandHandle, Commands
 from ._sync._files import Files
 from ._sync._http import ByteStream
@@ -30,6 +38,7 @@ __all__ = [
     "AsyncCommands",
     "AsyncFiles",
     "AsyncForkList",
+    "AsyncHosts",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncSandlot",
@@ -44,8 +53,11 @@ __all__ = [
     "EntryInfo",
     "Files",
     "ForkList",
+    "HostInfo",
+    "Hosts",
     "ProcessInfo",
     "SandboxInfo",
+    "SandboxMetrics",
     "Sandbox",
     "Sandboxes",
     "Sandlot",

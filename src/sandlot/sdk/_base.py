@@ -76,6 +76,13 @@ class Request:
     json: Any = None
 
 
+def epoch(when: Any) -> float | None:
+    """A datetime or epoch seconds as epoch seconds."""
+    if when is None or isinstance(when, int | float):
+        return when
+    return when.timestamp()
+
+
 def _seg(value: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgumentError(f"expected a non-empty id, got {value!r}")
@@ -134,6 +141,12 @@ def set_timeout(sandbox_id: str, seconds: int) -> Request:
     if seconds is None or seconds < 0:
         raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {seconds!r}")
     return Request("POST", _sb(sandbox_id) + "/timeout", json={"timeout": seconds})
+
+
+def sandbox_metrics(sandbox_id: str, start: float | None = None,
+                    end: float | None = None) -> Request:
+    params = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    return Request("GET", _sb(sandbox_id) + "/metrics", params=params)
 
 
 def expose_port(sandbox_id: str, port: int) -> Request:
@@ -283,6 +296,14 @@ def list_templates() -> Request:
 
 def get_template(name: str) -> Request:
     return Request("GET", f"/v1/templates/{_seg(name)}")
+
+
+def list_hosts() -> Request:
+    return Request("GET", "/v1/hosts")
+
+
+def set_host_state(host_id: str, action: str) -> Request:
+    return Request("POST", f"/v1/hosts/{_seg(host_id)}/{action}")
 
 
 def health() -> Request:

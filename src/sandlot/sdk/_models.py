@@ -16,7 +16,8 @@ class _Model(BaseModel):
 
 class SandboxInfo(_Model):
     """A sandbox as the server describes it. `state` is ``starting``, ``running``, ``paused``
-    (its whole state kept; `resume` brings it back), ``stopped`` or ``failed``."""
+    (its whole state kept; `resume` brings it back), ``stopped``, ``failed`` or ``lost`` (its
+    host stopped answering). `host` is the id of the host that runs it."""
 
     sandbox_id: str
     template: str | None = None
@@ -32,6 +33,7 @@ class SandboxInfo(_Model):
     timeout: int | None = None
     internet: bool = True
     generation: str | None = None
+    host: str | None = None
     pid: int | None = None
 
 
@@ -68,6 +70,37 @@ class TemplateInfo(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     built_at: datetime | None = None
+
+
+class SandboxMetrics(_Model):
+    """A sample of a sandbox's use, taken by its host. `cpu_used_pct` is of its own vCPUs;
+    `mem_used` is memory that is its own on the host; `disk_used` the bytes its own disk
+    layers hold."""
+
+    timestamp: datetime
+    cpu_count: int = 0
+    cpu_used_pct: float = 0.0
+    mem_used: int = 0
+    mem_total: int = 0
+    disk_used: int = 0
+    disk_total: int = 0
+
+
+class HostInfo(_Model):
+    """A host of the deployment (``GET /v1/hosts``). `state` is ``active``, ``draining`` (no
+    new sandboxes), ``lost`` (stopped heartbeating) or ``stopped``."""
+
+    id: str
+    url: str = ""
+    state: str = "active"
+    cores: int = 0
+    memory_mb: int = 0
+    memory_free_mb: int = 0
+    disk_free_mb: int = 0
+    cache_free_mb: int = 0
+    slots: int = 0
+    sandboxes: int = 0
+    heartbeat_age_s: float = 0.0
 
 
 class ProcessInfo(_Model):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import socket
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
@@ -20,9 +22,14 @@ from sandlot.server import errors
 from sandlot.server.auth import require_key
 from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
+from sandlot.server.e2b.state import start_e2b_state
+from sandlot.server.forward import ForwardToOwner, Peers
+from sandlot.server.metrics import Metrics
+from sandlot.server.metrics import router as metrics_router
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_files import router as files_router
+from sandlot.server.routes_hosts import router as hosts_router
 from sandlot.server.routes_sandboxes import router as sandboxes_router
 from sandlot.server.routes_snapshots import router as snapshots_router
 
@@ -46,26 +53,35 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         core = Core(settings, runtime or default_runtime(settings))
+        await core.start(settings.advertise_url or "")
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
-            core.db.add_key(preset)
-        await core.start()
+            await core.db.add_key(preset)
+        app.state.peers = Peers(core.host_id)
+        await start_e2b_state(app.state, core)
+        core.snapshots.on_ready = lambda rec: app.state.metrics.observe(
+            "snapshot", (rec.ready_at - rec.created_at).total_seconds())
         app.state.core = core
         try:
             yield
         finally:
+            await app.state.peers.close()
             await core.stop(kill_sandboxes=kill_on_shutdown)
 
     app = FastAPI(title="sandlot", version=VERSION, lifespan=lifespan)
+    app.state.metrics = Metrics()
     app.add_exception_handler(SandlotError, errors.sandlot_error)
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(HTTPException, errors.http_error)
     app.add_exception_handler(Exception, errors.unexpected_error)
     app.add_middleware(BodyLimit, limit=settings.limits.body_bytes)
+    app.add_middleware(ForwardToOwner, get_core=lambda: getattr(app.state, "core", None))
     auth = [Depends(require_key)]
-    for router in (sandboxes_router, commands_router, files_router, snapshots_router):
+    for router in (sandboxes_router, commands_router, files_router, snapshots_router,
+                   hosts_router):
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
+    app.include_router(metrics_router)  # Prometheus, unauthenticated like /health
 
     def openapi() -> dict:
         """FastAPI's schema, plus the models the NDJSON streams are made of."""
@@ -97,7 +113,12 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
     logging.basicConfig(level=os.environ.get("SANDLOT_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
-    app = create_app(Settings.from_env(data_dir))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every forwarded request
+    settings = Settings.from_env(data_dir)
+    if not settings.advertise_url:
+        name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        settings = dataclasses.replace(settings, advertise_url=f"http://{name}:{port}")
+    app = create_app(settings)
     # asyncio's own loop, not uvloop: uvloop spawns processes (every QEMU) with a fork that
     # runs Python in the child, which in a process with busy threads (S3 client, executors)
     # now and then never reached exec and blocked the server's loop for good.

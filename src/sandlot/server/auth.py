@@ -19,5 +19,5 @@ async def require_key(request: Request) -> None:
     key = bearer_key(request)
     if not key:
         raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
-    if not request.app.state.core.db.key_valid(key):
+    if not await request.app.state.core.key_valid(key):
         raise AuthenticationError("invalid API key")

@@ -14,8 +14,11 @@ from sandlot.core.models import (
     SandboxState,
     SnapshotRecord,
 )
+from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
+from sandlot.server.metrics import timed
+from sandlot.server.placement import elsewhere, fork_spread
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -52,8 +55,10 @@ class ForkResult(BaseModel):
 
 
 @router.post("", status_code=201, response_model=SandboxRecord)
-async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord:
-    return await core(request).sandboxes.create(body)
+async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord | Response:
+    """A new sandbox from a template or a snapshot, on the host placement picks."""
+    with timed(request, "restore" if body.snapshot_id else "create"):
+        return await elsewhere(request, body) or await core(request).sandboxes.create(body)
 
 
 @router.get("", response_model=SandboxList)
@@ -71,12 +76,12 @@ async def list_sandboxes(request: Request, metadata: str | None = None, all: boo
             raise InvalidArgumentError("metadata must be a JSON object of strings") from None
         wanted = {str(k): str(v) for k, v in wanted.items()}
     states = tuple(state) if state else None
-    return SandboxList(sandboxes=core(request).sandboxes.list(wanted, all=all, states=states))
+    return SandboxList(sandboxes=await core(request).sandboxes.list(wanted, all=all, states=states))
 
 
 @router.get("/{sandbox_id}", response_model=SandboxRecord)
 async def get_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
-    return core(request).sandboxes.get(sandbox_id)
+    return await core(request).sandboxes.get(sandbox_id)
 
 
 @router.delete("/{sandbox_id}", status_code=204)
@@ -87,17 +92,27 @@ async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
 
 @router.post("/{sandbox_id}/timeout", response_model=SandboxRecord)
 async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> SandboxRecord:
-    return core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    return await core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
 
 
 @router.post("/{sandbox_id}/fork", response_model=ForkResult)
 async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> ForkResult:
-    forked = await core(request).sandboxes.fork(sandbox_id, body.count)
-    results = forked.children
+    """`count` copy-on-write children of the sandbox's current state; in a deployment, those
+    that do not fit on its host start on others."""
+    c = core(request)
+    here = min(body.count, c.sandboxes.free_slots()) if c.hosts.shared else body.count
+    results: list = []
+    pause_ms = 0.0
+    with timed(request, "fork"):
+        if here:
+            forked = await c.sandboxes.fork(sandbox_id, here)
+            results, pause_ms = list(forked.children), forked.pause_ms
+        if body.count > here:
+            results += await fork_spread(request, sandbox_id, body.count - here)
     ok = [r for r in results if isinstance(r, SandboxRecord)]
     errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
-    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(forked.pause_ms, 2))
+    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(pause_ms, 2))
 
 
 @router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)
@@ -113,20 +128,38 @@ class ResumeBody(BaseModel):
 async def pause_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
     """Keep the sandbox's whole state (memory, processes, disk) and stop its VM; answers once
     the state is stored. `resume` brings it back under the same id."""
-    return await core(request).sandboxes.pause(sandbox_id)
+    with timed(request, "pause"):
+        return await core(request).sandboxes.pause(sandbox_id)
 
 
 @router.post("/{sandbox_id}/resume", response_model=SandboxRecord)
 async def resume_sandbox(sandbox_id: str, request: Request,
                          body: ResumeBody | None = None) -> SandboxRecord:
     """Bring a paused sandbox back exactly where it was (a new timeout if given)."""
-    return await core(request).sandboxes.resume(sandbox_id, body.timeout if body else None)
+    with timed(request, "resume"):
+        return await core(request).sandboxes.resume(sandbox_id,
+                                                    body.timeout if body else None)
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
-    return core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+    return await core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+
+
+class MetricList(BaseModel):
+    metrics: list[SandboxMetric]
+
+
+@router.get("/{sandbox_id}/metrics", response_model=MetricList)
+async def sandbox_metrics(sandbox_id: str, request: Request, start: float | None = None,
+                          end: float | None = None) -> MetricList:
+    """The sandbox's CPU, memory and disk use, sampled from the host every
+    SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
+    since the epoch)."""
+    c = core(request)
+    c.sandboxes.get_live(sandbox_id)
+    return MetricList(metrics=c.usage.history(sandbox_id, start, end))
 
 
 class PortBody(BaseModel):
@@ -156,7 +189,7 @@ async def set_network(sandbox_id: str, body: NetworkBody, request: Request) -> S
     sandboxes = core(request).sandboxes
     network = None
     if body.allow_out is not None or body.deny_out is not None:
-        current = sandboxes.get(sandbox_id).network or NetworkSpec()
+        current = (await sandboxes.get(sandbox_id)).network or NetworkSpec()
         network = NetworkSpec(
             allow_out=body.allow_out if body.allow_out is not None else current.allow_out,
             deny_out=body.deny_out if body.deny_out is not None else current.deny_out)

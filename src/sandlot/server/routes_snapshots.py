@@ -13,6 +13,8 @@ from sandlot.core.models import (
     TemplateInfo,
 )
 from sandlot.server.deps import core
+from sandlot.server.metrics import timed
+from sandlot.server.placement import elsewhere
 
 router = APIRouter(tags=["snapshots"])
 
@@ -35,17 +37,17 @@ class RestoreBody(SandboxOverrides):
 
 @router.get("/v1/snapshots", response_model=SnapshotList)
 async def list_snapshots(request: Request, sandbox_id: str | None = None) -> SnapshotList:
-    return SnapshotList(snapshots=core(request).snapshots.list(sandbox_id))
+    return SnapshotList(snapshots=await core(request).snapshots.list(sandbox_id))
 
 
 @router.get("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def get_snapshot(id_or_name: str, request: Request) -> SnapshotRecord:
-    return core(request).snapshots.get(id_or_name, include_deleted=True)
+    return await core(request).snapshots.get(id_or_name, include_deleted=True)
 
 
 @router.patch("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def rename_snapshot(id_or_name: str, body: RenameBody, request: Request) -> SnapshotRecord:
-    return core(request).snapshots.rename(id_or_name, body.name)
+    return await core(request).snapshots.rename(id_or_name, body.name)
 
 
 @router.post("/v1/snapshots/{id_or_name}/wait", response_model=SnapshotRecord)
@@ -57,20 +59,21 @@ async def wait_snapshot(id_or_name: str, request: Request,
 
 @router.delete("/v1/snapshots/{id_or_name}", status_code=204)
 async def delete_snapshot(id_or_name: str, request: Request) -> Response:
-    core(request).snapshots.delete(id_or_name)
+    await core(request).snapshots.delete(id_or_name)
     return Response(status_code=204)
 
 
 @router.post("/v1/snapshots/{id_or_name}/restore", status_code=201, response_model=SandboxRecord)
 async def restore_snapshot(id_or_name: str, request: Request,
-                           body: RestoreBody | None = None) -> SandboxRecord:
+                           body: RestoreBody | None = None) -> SandboxRecord | Response:
     body = body or RestoreBody()
     metadata = dict(body.metadata or {})
     if body.name:
         metadata.setdefault("name", body.name)
     req = CreateSandbox(snapshot_id=id_or_name,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
-    return await core(request).sandboxes.create(req)
+    with timed(request, "restore"):
+        return await elsewhere(request, req) or await core(request).sandboxes.create(req)
 
 
 @router.get("/v1/templates", response_model=TemplateList)

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from .. import _base
-from .._models import SandboxInfo, SnapshotInfo, TemplateInfo, parse_list
+from .._models import HostInfo, SandboxInfo, SnapshotInfo, TemplateInfo, parse_list
 from ._http import AsyncAPI
 from ._sandbox import AsyncSandbox, AsyncSnapshot, _delete_snapshot
 
@@ -115,6 +115,28 @@ class AsyncTemplates:
         return TemplateInfo.model_validate(await self._api.call(_base.get_template(name)))
 
 
+class AsyncHosts:
+    """``client.hosts``: the hosts of a deployment (one, unless the server shares a database
+    with others: docs/cluster.md)."""
+
+    def __init__(self, api: AsyncAPI) -> None:
+        self._api = api
+
+    async def list(self) -> list[HostInfo]:
+        """Every host, with its state, capacity and load."""
+        return parse_list(HostInfo, await self._api.call(_base.list_hosts()), "hosts")
+
+    async def drain(self, host_id: str) -> HostInfo:
+        """No new sandboxes go to the host; those it runs run to their end."""
+        return HostInfo.model_validate(
+            await self._api.call(_base.set_host_state(host_id, "drain")))
+
+    async def activate(self, host_id: str) -> HostInfo:
+        """A drained host takes new sandboxes again."""
+        return HostInfo.model_validate(
+            await self._api.call(_base.set_host_state(host_id, "activate")))
+
+
 class AsyncSandlot:
     """A connection to a sandlot server: URL, API key and a pool of HTTP connections.
 
@@ -135,6 +157,7 @@ class AsyncSandlot:
         self.sandboxes = AsyncSandboxes(self._api)
         self.snapshots = AsyncSnapshots(self._api)
         self.templates = AsyncTemplates(self._api)
+        self.hosts = AsyncHosts(self._api)
 
     @property
     def api_url(self) -> str:

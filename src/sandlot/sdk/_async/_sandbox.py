@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sandlot.errors import NotFoundError, SandlotError
 
 from .. import _base
-from .._models import SandboxInfo, SnapshotInfo, parse_list
+from .._models import SandboxInfo, SandboxMetrics, SnapshotInfo, parse_list
 from ._commands import AsyncCommands
 from ._files import AsyncFiles
 from ._http import AsyncAPI
@@ -119,6 +120,14 @@ class AsyncSandbox:
         """Kill the sandbox `seconds` from now instead of at its current deadline."""
         self._info = SandboxInfo.model_validate(
             await self._api.call(_base.set_timeout(self.sandbox_id, seconds)))
+
+    async def get_metrics(self, start: datetime | float | None = None,
+                          end: datetime | float | None = None) -> list[SandboxMetrics]:
+        """The sandbox's CPU, memory and disk use over time, sampled by its host (every 5 s by
+        default, the last hour kept), between `start` and `end`."""
+        data = await self._api.call(_base.sandbox_metrics(
+            self.sandbox_id, _base.epoch(start), _base.epoch(end)))
+        return parse_list(SandboxMetrics, data, "metrics")
 
     async def get_host(self, port: int) -> str:
         """``host:port`` on which the server's host reaches `port` inside the sandbox."""

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from .. import _base
-from .._models import SandboxInfo, SnapshotInfo, TemplateInfo, parse_list
+from .._models import HostInfo, SandboxInfo, SnapshotInfo, TemplateInfo, parse_list
 from ._http import API
 from ._sandbox import Sandbox, Snapshot, _delete_snapshot
 
@@ -117,6 +117,28 @@ class Templates:
         return TemplateInfo.model_validate(self._api.call(_base.get_template(name)))
 
 
+class Hosts:
+    """``client.hosts``: the hosts of a deployment (one, unless the server shares a database
+    with others: docs/cluster.md)."""
+
+    def __init__(self, api: API) -> None:
+        self._api = api
+
+    def list(self) -> list[HostInfo]:
+        """Every host, with its state, capacity and load."""
+        return parse_list(HostInfo, self._api.call(_base.list_hosts()), "hosts")
+
+    def drain(self, host_id: str) -> HostInfo:
+        """No new sandboxes go to the host; those it runs run to their end."""
+        return HostInfo.model_validate(
+            self._api.call(_base.set_host_state(host_id, "drain")))
+
+    def activate(self, host_id: str) -> HostInfo:
+        """A drained host takes new sandboxes again."""
+        return HostInfo.model_validate(
+            self._api.call(_base.set_host_state(host_id, "activate")))
+
+
 class Sandlot:
     """A connection to a sandlot server: URL, API key and a pool of HTTP connections.
 
@@ -137,6 +159,7 @@ class Sandlot:
         self.sandboxes = Sandboxes(self._api)
         self.snapshots = Snapshots(self._api)
         self.templates = Templates(self._api)
+        self.hosts = Hosts(self._api)
 
     @property
     def api_url(self) -> str:

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sandlot.errors import NotFoundError, SandlotError
 
 from .. import _base
-from .._models import SandboxInfo, SnapshotInfo, parse_list
+from .._models import SandboxInfo, SandboxMetrics, SnapshotInfo, parse_list
 from ._commands import Commands
 from ._files import Files
 from ._http import API
@@ -121,6 +122,14 @@ class Sandbox:
         """Kill the sandbox `seconds` from now instead of at its current deadline."""
         self._info = SandboxInfo.model_validate(
             self._api.call(_base.set_timeout(self.sandbox_id, seconds)))
+
+    def get_metrics(self, start: datetime | float | None = None,
+                    end: datetime | float | None = None) -> list[SandboxMetrics]:
+        """The sandbox's CPU, memory and disk use over time, sampled by its host (every 5 s by
+        default, the last hour kept), between `start` and `end`."""
+        data = self._api.call(_base.sandbox_metrics(
+            self.sandbox_id, _base.epoch(start), _base.epoch(end)))
+        return parse_list(SandboxMetrics, data, "metrics")
 
     def get_host(self, port: int) -> str:
         """``host:port`` on which the server's host reaches `port` inside the sandbox."""

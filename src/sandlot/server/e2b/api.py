@@ -28,6 +28,7 @@ from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
+from sandlot.server.placement import elsewhere
 
 PREFIX = "/e2b"
 MAX_PAGE = 100
@@ -50,7 +51,7 @@ class E2BRoute(APIRoute):
 
 async def require_e2b_key(request: Request) -> None:
     key = bearer_key(request)  # the SDK sends X-API-KEY
-    if not key or not core(request).db.key_valid(key):
+    if not key or not await core(request).key_valid(key):
         raise AuthenticationError("missing or invalid API key: set E2B_API_KEY to a sandlot API "
                                   "key (`sandlot keys create`)")
 
@@ -166,6 +167,9 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         env=body.env_vars or {}, metadata=body.metadata or {},
                         timeout=body.timeout, internet=body.allow_internet_access is not False,
                         network=_network(body.network))
+    placed = await elsewhere(request, req)
+    if placed is not None:
+        return placed
     rec = await c.sandboxes.create(req)
     return _answer(st, rec, 201)
 
@@ -201,7 +205,7 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
     started_after = q.get("startedAfter")
     wanted = _metadata_query(metadata)
     states = {s for part in (state or "").split(",") if (s := part.strip())}
-    items = st.lifecycle.listed()
+    items = await st.lifecycle.listed()
     if wanted:
         items = [(r, s) for r, s in items if all(r.metadata.get(k) == v
                                                  for k, v in wanted.items())]
@@ -224,9 +228,18 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
 @router.get("/sandboxes/{sandbox_id}")
 async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     st = e2b_state(request)
-    rec, state = st.lifecycle.state_of(sandbox_id)
+    rec, state = await st.lifecycle.state_of(sandbox_id)
     return JSONResponse(convert.detail(rec, state, st.lifecycle.disk_mb(rec),
                                        st.tokens.token(sandbox_id)))
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def sandbox_metrics(sandbox_id: str, request: Request, start: int | None = None,
+                          end: int | None = None) -> JSONResponse:
+    """E2B's metrics: the host's samples of the sandbox's CPU, memory and disk use."""
+    c = core(request)
+    c.sandboxes.get_live(sandbox_id)
+    return JSONResponse([convert.metric(m) for m in c.usage.history(sandbox_id, start, end)])
 
 
 @router.delete("/sandboxes/{sandbox_id}")
@@ -237,7 +250,7 @@ async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
 async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> Response:
-    core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    await core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
     return Response(status_code=204)
 
 
@@ -248,7 +261,7 @@ async def refresh(sandbox_id: str, request: Request, body: RefreshBody | None = 
     rec = c.sandboxes.get_live(sandbox_id).record
     duration = (body.duration if body else None) or 60
     if rec.expires_at is not None and now() + timedelta(seconds=duration) > rec.expires_at:
-        c.sandboxes.set_timeout(sandbox_id, duration)
+        await c.sandboxes.set_timeout(sandbox_id, duration)
     return Response(status_code=204)
 
 
@@ -292,7 +305,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
         if isinstance(r, SandboxRecord):
             try:
                 if body.timeout is not None:
-                    r = c.sandboxes.set_timeout(r.sandbox_id, body.timeout)
+                    r = await c.sandboxes.set_timeout(r.sandbox_id, body.timeout)
                 out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
                 continue
             except SandlotError as e:
@@ -320,7 +333,7 @@ async def create_snapshot(sandbox_id: str, request: Request, body: SnapshotBody 
     c, st = core(request), e2b_state(request)
     body = body or SnapshotBody()
     _require_memory(body.memory, "snapshots")
-    snap = c.sandboxes.snapshot(sandbox_id, body.name or None)
+    snap = await c.sandboxes.snapshot(sandbox_id, body.name or None)
     # The snapshot holds the state of this moment once captured; storing it goes on after.
     await st.lifecycle.wait_captured(snap.snapshot_id)
     return JSONResponse(convert.snapshot_info(snap.snapshot_id, snap.name), 201)
@@ -332,7 +345,7 @@ async def list_snapshots(request: Request, name: str | None = None,
     c = core(request)
     q = request.query_params
     sandbox_id = q.get("sandboxID")
-    snaps = [s for s in c.snapshots.list(sandbox_id) if s.state != SnapshotState.FAILED]
+    snaps = [s for s in await c.snapshots.list(sandbox_id) if s.state != SnapshotState.FAILED]
     if name:
         snaps = [s for s in snaps if name in (s.name, s.snapshot_id)]
     snaps.sort(key=lambda s: s.created_at)
@@ -345,14 +358,14 @@ async def list_snapshots(request: Request, name: str | None = None,
 async def delete_template(template_id: str, request: Request) -> Response:
     c = core(request)
     try:
-        snap = c.snapshots.get(template_id)
+        snap = await c.snapshots.get(template_id)
     except NotFoundError:
         if any(t.name == template_id for t in c.templates.list()):
             raise Unsupported(f"{template_id!r} is a sandlot template; remove templates on the "
                               "server host with `sandlot template rm`") from None
         raise
     await c.snapshots.wait(snap.snapshot_id, 600)
-    c.snapshots.delete(snap.snapshot_id)
+    await c.snapshots.delete(snap.snapshot_id)
     return Response(status_code=204)
 
 
@@ -365,7 +378,6 @@ UNSUPPORTED = (
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
-    ("/metrics", "sandlot does not collect sandbox metrics"),
     ("/logs", "sandlot does not keep sandbox logs; read them with commands.run()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "

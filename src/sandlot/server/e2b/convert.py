@@ -167,3 +167,11 @@ def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
 
 def snapshot_info(snapshot_id: str, name: str | None) -> dict:
     return {"snapshotID": snapshot_id, "names": [name] if name else []}
+
+
+def metric(m) -> dict:
+    """A `core.usage.SandboxMetric` in E2B's SandboxMetric shape."""
+    return {"timestamp": datetime.fromtimestamp(m.timestamp, UTC).isoformat(),
+            "timestampUnix": int(m.timestamp), "cpuCount": m.cpu_count,
+            "cpuUsedPct": m.cpu_used_pct, "memUsed": m.mem_used, "memTotal": m.mem_total,
+            "memCache": 0, "diskUsed": m.disk_used, "diskTotal": m.disk_total}

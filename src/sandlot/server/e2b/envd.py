@@ -40,7 +40,7 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 signed_router = APIRouter(include_in_schema=False)
 
 
-def envd_call(request: Request) -> Envd:
+async def envd_call(request: Request) -> Envd:
     """Authenticate an in-sandbox request and find its sandbox, which must be running."""
     c, st = core(request), e2b_state(request)
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
@@ -53,7 +53,7 @@ def envd_call(request: Request) -> Envd:
             raise AuthenticationError("invalid X-Access-Token for this sandbox")
     else:
         key = request.headers.get("x-api-key")
-        if not key or not c.db.key_valid(key):
+        if not key or not await c.key_valid(key):
             raise AuthenticationError("missing X-Access-Token (or a sandlot key in X-API-Key)")
     port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
     if port != ENVD_PORT:
@@ -76,16 +76,16 @@ async def rpc(service: str, method: str, request: Request) -> Response:
         handler = unary[method]
 
         async def call(msg: dict) -> dict:
-            return await handler(envd_call(request), msg)
+            return await handler(await envd_call(request), msg)
 
         return await connect.unary(request, call, where)
     try:
         if method in server_stream:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
             msg = await connect.read_single_envelope(request)
             return connect.server_stream(server_stream[method](ctx, msg), where)
         if method in client_stream:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
             reply = await client_stream[method](ctx, connect.read_envelopes(request))
             return Response(connect.envelope(reply) + connect.end_stream(),
                             media_type=connect.STREAM_TYPE)
@@ -109,14 +109,31 @@ def signed_call(request: Request, operation: str) -> Envd:
         raise AuthenticationError("this signed file URL has expired")
     user = q.get("username") or ""
     for sandbox_id in list(c.sandboxes.live):
-        raw = f"{q.get('path', '')}:{operation}:{user}:{st.tokens.token(sandbox_id)}"
-        if expires is not None:
-            raw += f":{expires}"
-        digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=")
-        if hmac.compare_digest(b"v1_" + digest, signature.encode()):
+        if signs(st.tokens, sandbox_id, q, operation):
             return Envd(core=c, state=st, sandbox_id=sandbox_id,
                         user=check_user(user) if user else DEFAULT_USER)
     raise AuthenticationError("no running sandbox matches this signed file URL")
+
+
+def signs(tokens, sandbox_id: str, query, operation: str) -> bool:
+    """Whether the signature of a file URL's `query` is `sandbox_id`'s (E2B's v1)."""
+    expires = query.get("signature_expiration")
+    raw = (f"{query.get('path', '')}:{operation}:{query.get('username') or ''}:"
+           f"{tokens.token(sandbox_id)}")
+    if expires is not None:
+        raw += f":{expires}"
+    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=")
+    return hmac.compare_digest(b"v1_" + digest, query.get("signature", "").encode())
+
+
+async def signed_owner(c, st, query) -> str | None:
+    """In a deployment: the host running the sandbox a signed file URL is for, if another."""
+    operation = "write" if query.get("_method") == "POST" else "read"
+    for doc in await c.db.sandboxes(("running",)):
+        if doc.get("host") != c.host_id and signs(st.tokens, doc["sandbox_id"], query,
+                                                  operation):
+            return doc.get("host")
+    return None
 
 
 async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[Response]],
@@ -125,7 +142,7 @@ async def _plain(request: Request, handler: Callable[[Envd, Request], Awaitable[
         if signed and "e2b-sandbox-id" not in request.headers:
             ctx = signed_call(request, signed)
         else:
-            ctx = envd_call(request)
+            ctx = await envd_call(request)
         return await handler(ctx, request)
     except Exception as e:  # noqa: BLE001 - envd's plain error shape
         return api_error(e, request)

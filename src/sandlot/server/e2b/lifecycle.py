@@ -20,19 +20,19 @@ class Lifecycle:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def state_of(self, sandbox_id: str) -> tuple[SandboxRecord, str]:
+    async def state_of(self, sandbox_id: str) -> tuple[SandboxRecord, str]:
         """The sandbox and its E2B state, 'running' or 'paused'; NotFoundError otherwise."""
         live = self.core.sandboxes.live.get(sandbox_id)
         if live is not None:
             return live.record, "running"
-        rec = self.core.sandboxes.get(sandbox_id)
+        rec = await self.core.sandboxes.get(sandbox_id)
         if rec.state == SandboxState.PAUSED:
             return rec, "paused"
         raise NotFoundError(f"sandbox {sandbox_id} not found")
 
-    def listed(self) -> list[tuple[SandboxRecord, str]]:
+    async def listed(self) -> list[tuple[SandboxRecord, str]]:
         return [(r, "paused" if r.state == SandboxState.PAUSED else "running")
-                for r in self.core.sandboxes.list()]
+                for r in await self.core.sandboxes.list()]
 
     async def wait_captured(self, snapshot_id: str):
         """Wait until the snapshot holds the sandbox's state (capture done; upload may go on)."""
@@ -56,7 +56,7 @@ class Lifecycle:
 
     async def pause(self, sandbox_id: str) -> None:
         if sandbox_id not in self.core.sandboxes.live:
-            self.state_of(sandbox_id)  # NotFoundError unless it is paused
+            await self.state_of(sandbox_id)  # NotFoundError unless it is paused
             raise ConflictError(f"sandbox {sandbox_id} is already paused")
         await self.core.sandboxes.pause(sandbox_id)
 
@@ -68,13 +68,13 @@ class Lifecycle:
             rec = live.record
             if timeout and rec.expires_at is not None and (
                     now() + timedelta(seconds=timeout) > rec.expires_at):
-                rec = self.core.sandboxes.set_timeout(sandbox_id, timeout)
+                rec = await self.core.sandboxes.set_timeout(sandbox_id, timeout)
             return rec, False
-        rec, _ = self.state_of(sandbox_id)
+        rec, _ = await self.state_of(sandbox_id)
         return await self.core.sandboxes.resume(sandbox_id, timeout), True
 
     async def kill(self, sandbox_id: str) -> None:
-        self.state_of(sandbox_id)
+        await self.state_of(sandbox_id)
         await self.core.sandboxes.kill(sandbox_id)
 
     async def source(self, template_id: str) -> CreateSandbox:
@@ -87,7 +87,7 @@ class Lifecycle:
             except NotFoundError:
                 pass
         try:
-            snap = self.core.snapshots.get(template_id)
+            snap = await self.core.snapshots.get(template_id)
         except NotFoundError:
             names = ", ".join(t.name for t in self.core.templates.list()) or "none"
             raise NotFoundError(f"template or snapshot {template_id!r} not found; this sandlot "

@@ -20,22 +20,28 @@ from sandlot.server.e2b.errors import SandboxNotRunning
 from sandlot.server.e2b.lifecycle import Lifecycle
 
 TOKEN_FILE = "e2b-access.key"
+TOKEN_SECRET = "e2b-access-key"  # its name in a deployment's database
 # Why: the registry only remembers what E2B clients passed to Start (args, envs, cwd, tag);
 # processes that vanish are dropped on List, and this bounds what a client can make it hold.
 MAX_REMEMBERED = 4096
 
 
 class AccessTokens:
-    """envd access tokens: an HMAC of the sandbox id under a key kept in the data dir, so they
-    survive a server restart without a table, and differ per sandbox."""
+    """envd access tokens: an HMAC of the sandbox id under a key kept in the data dir (one
+    host) or in the deployment's database (several: any host checks any sandbox's token, and
+    a sandbox resumed on another host keeps its token), so they survive a restart without a
+    table, and differ per sandbox."""
 
-    def __init__(self, path: Path) -> None:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
-        self._key = bytes.fromhex(path.read_text().strip())
+    def __init__(self, path: Path | None = None, key: bytes | None = None) -> None:
+        if key is None:
+            assert path is not None
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(32))
+            key = bytes.fromhex(path.read_text().strip())
+        self._key = key
 
     def token(self, sandbox_id: str) -> str:
         return hmac.new(self._key, sandbox_id.encode(), hashlib.sha256).hexdigest()[:40]
@@ -95,6 +101,14 @@ class Envd:
     @property
     def files(self) -> Files:
         return self.core.files
+
+
+async def start_e2b_state(app_state, c: Core) -> None:
+    """The E2B layer's state for an app whose core has started (a deployment's token key
+    comes from its database)."""
+    if c.db.shared:
+        key = bytes.fromhex(await c.db.secret(TOKEN_SECRET))
+        app_state.e2b = E2BState(tokens=AccessTokens(key=key), lifecycle=Lifecycle(c))
 
 
 def e2b_state(request: Request) -> E2BState:

@@ -1,0 +1,242 @@
+"""The deployment's metadata store: one PostgreSQL database shared by every host.
+
+psycopg 3's async pool; migrations are applied at start under an advisory lock (every host
+may start at once); a host marked lost is one transaction with row locks, so several hosts
+noticing it at once mark it once; snapshot changes are announced with NOTIFY, so a host
+waiting for another host's snapshot wakes when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from sandlot.core.db.common import (
+    KEEP_DRAINING,
+    LIVE_SANDBOX_STATES,
+    UNFINISHED_SNAPSHOT_STATES,
+    HostRow,
+    NameTaken,
+    failed_snapshot_doc,
+    hash_key,
+    lost_sandbox_doc,
+)
+
+log = logging.getLogger(__name__)
+MIGRATION_LOCK = 0x5A4D_4C4F  # pg_advisory_xact_lock key of the schema
+SNAPSHOT_CHANNEL = "sandlot_snapshots"
+NOW = "extract(epoch from clock_timestamp())"
+
+# Append only: each entry is one schema version.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE api_keys (hash TEXT PRIMARY KEY, created_at DOUBLE PRECISION NOT NULL);
+    CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY, state TEXT NOT NULL, host TEXT NOT NULL, doc TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX sandboxes_state ON sandboxes (state);
+    CREATE INDEX sandboxes_host ON sandboxes (host, state);
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY, name TEXT UNIQUE, state TEXT NOT NULL, host TEXT NOT NULL,
+        doc TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX snapshots_state ON snapshots (state);
+    CREATE TABLE hosts (
+        id TEXT PRIMARY KEY, url TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL,
+        heartbeat_at DOUBLE PRECISION NOT NULL);
+    CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+)
+
+
+class PostgresStore:
+    shared = True
+
+    def __init__(self, url: str, min_size: int = 1, max_size: int = 8) -> None:
+        self.url = url
+        self._pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
+                                         kwargs={"autocommit": True})
+        self._listener: asyncio.Task | None = None
+        self._snapshot_waiters: list[Callable[[str], None]] = []
+
+    async def open(self) -> None:
+        try:
+            await self._pool.open(wait=True, timeout=15)
+        except psycopg.Error as e:
+            raise ConnectionError(f"cannot reach the database: {e}") from e
+        await self._migrate()
+        self._listener = asyncio.create_task(self._listen())
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        await self._pool.close()
+
+    async def _migrate(self) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await conn.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                               "(version INTEGER NOT NULL)")
+            row = await (await conn.execute("SELECT max(version) FROM schema_version")
+                         ).fetchone()
+            have = row[0] or 0
+            for version, sql in enumerate(MIGRATIONS[have:], start=have + 1):
+                log.info("database: applying schema version %d", version)
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_version VALUES (%s)", (version,))
+
+    async def _q(self, sql: str, args: tuple = ()) -> list[tuple]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql, args)
+            return await cur.fetchall() if cur.description else []
+
+    # ---- notifications --------------------------------------------------------------------
+
+    def on_snapshot_change(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(snapshot_id)` when any host changes a snapshot."""
+        self._snapshot_waiters.append(callback)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url,
+                                                                 autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {SNAPSHOT_CHANNEL}")
+                    async for note in conn.notifies():
+                        for cb in list(self._snapshot_waiters):
+                            cb(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep listening across reconnects
+                log.warning("database notifications: %s; reconnecting", e)
+                await asyncio.sleep(1)
+
+    # ---- API keys and secrets -------------------------------------------------------------
+
+    async def add_key(self, key: str) -> None:
+        await self._q("INSERT INTO api_keys VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                      (hash_key(key), time.time()))
+
+    async def key_valid(self, key: str) -> bool:
+        return bool(await self._q("SELECT 1 FROM api_keys WHERE hash = %s", (hash_key(key),)))
+
+    async def secret(self, name: str) -> str:
+        await self._q("INSERT INTO secrets VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                      (name, secrets.token_hex(32)))
+        return (await self._q("SELECT value FROM secrets WHERE name = %s", (name,)))[0][0]
+
+    # ---- sandboxes ------------------------------------------------------------------------
+
+    async def put_sandbox(self, sandbox_id: str, state: str, host: str, doc: dict) -> None:
+        await self._q(
+            f"INSERT INTO sandboxes VALUES (%s, %s, %s, %s, {NOW}) ON CONFLICT (id) DO UPDATE "
+            "SET state = excluded.state, host = excluded.host, doc = excluded.doc, "
+            "updated_at = excluded.updated_at", (sandbox_id, state, host, json.dumps(doc)))
+
+    async def get_sandbox(self, sandbox_id: str) -> dict | None:
+        rows = await self._q("SELECT doc FROM sandboxes WHERE id = %s", (sandbox_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def sandbox_host(self, sandbox_id: str) -> str | None:
+        rows = await self._q("SELECT host FROM sandboxes WHERE id = %s", (sandbox_id,))
+        return rows[0][0] if rows else None
+
+    async def sandboxes(self, states: tuple[str, ...] | None = None,
+                        host: str | None = None) -> list[dict]:
+        sql, args = "SELECT doc FROM sandboxes WHERE true", ()
+        if states:
+            sql += " AND state = ANY(%s)"
+            args += (list(states),)
+        if host is not None:
+            sql += " AND host = %s"
+            args += (host,)
+        return [json.loads(r[0]) for r in await self._q(sql, args)]
+
+    # ---- snapshots ------------------------------------------------------------------------
+
+    async def put_snapshot(self, snapshot_id: str, name: str | None, state: str, host: str,
+                           doc: dict, created_at: float) -> None:
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO snapshots VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) "
+                    "DO UPDATE SET name = excluded.name, state = excluded.state, "
+                    "host = excluded.host, doc = excluded.doc",
+                    (snapshot_id, name, state, host, json.dumps(doc), created_at))
+                await conn.execute("SELECT pg_notify(%s, %s)", (SNAPSHOT_CHANNEL, snapshot_id))
+        except psycopg.errors.UniqueViolation:
+            raise NameTaken(name) from None
+
+    async def get_snapshot(self, id_or_name: str) -> dict | None:
+        rows = await self._q("SELECT doc FROM snapshots WHERE id = %s OR name = %s "
+                             "ORDER BY id = %s DESC LIMIT 1", (id_or_name, id_or_name, id_or_name))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def snapshots(self, states: tuple[str, ...] | None = None,
+                        host: str | None = None) -> list[dict]:
+        sql, args = "SELECT doc FROM snapshots WHERE true", ()
+        if states:
+            sql += " AND state = ANY(%s)"
+            args += (list(states),)
+        if host is not None:
+            sql += " AND host = %s"
+            args += (host,)
+        return [json.loads(r[0]) for r in await self._q(sql + " ORDER BY created_at", args)]
+
+    async def name_taken(self, name: str, except_id: str | None = None) -> bool:
+        rows = await self._q("SELECT id FROM snapshots WHERE name = %s", (name,))
+        return bool(rows) and rows[0][0] != except_id
+
+    # ---- hosts ----------------------------------------------------------------------------
+
+    async def heartbeat(self, host_id: str, url: str, state: str, doc: dict) -> None:
+        await self._q(
+            f"INSERT INTO hosts VALUES (%s, %s, %s, %s, {NOW}) ON CONFLICT (id) DO UPDATE "
+            f"SET url = excluded.url, state = {KEEP_DRAINING}, doc = excluded.doc, "
+            "heartbeat_at = excluded.heartbeat_at", (host_id, url, state, json.dumps(doc)))
+
+    async def set_host_state(self, host_id: str, state: str) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("UPDATE hosts SET state = %s WHERE id = %s",
+                                     (state, host_id))
+            return cur.rowcount > 0
+
+    async def hosts(self) -> list[HostRow]:
+        rows = await self._q(f"SELECT id, url, state, doc, {NOW} - heartbeat_at FROM hosts "
+                             "ORDER BY id")
+        return [HostRow(r[0], r[1], r[2], json.loads(r[3]), max(0.0, r[4])) for r in rows]
+
+    async def mark_lost(self, timeout: float, reason: str) -> list[str]:
+        async with self._pool.connection() as conn, conn.transaction():
+            conn.row_factory = tuple_row
+            cur = await conn.execute(
+                "SELECT id FROM hosts WHERE state IN ('active', 'draining') AND heartbeat_at < "
+                f"{NOW} - %s FOR UPDATE SKIP LOCKED", (timeout,))
+            lost = [r[0] for r in await cur.fetchall()]
+            for host in lost:
+                why = reason.format(host=host)
+                await conn.execute("UPDATE hosts SET state = 'lost' WHERE id = %s", (host,))
+                cur = await conn.execute("SELECT id, doc FROM sandboxes WHERE host = %s AND "
+                                         "state = ANY(%s) FOR UPDATE",
+                                         (host, list(LIVE_SANDBOX_STATES)))
+                for sid, doc in await cur.fetchall():
+                    await conn.execute(f"UPDATE sandboxes SET state = 'lost', doc = %s, "
+                                       f"updated_at = {NOW} WHERE id = %s",
+                                       (lost_sandbox_doc(doc, why), sid))
+                cur = await conn.execute("SELECT id, doc FROM snapshots WHERE host = %s AND "
+                                         "state = ANY(%s) FOR UPDATE",
+                                         (host, list(UNFINISHED_SNAPSHOT_STATES)))
+                for sid, doc in await cur.fetchall():
+                    await conn.execute("UPDATE snapshots SET state = 'failed', doc = %s "
+                                       "WHERE id = %s", (failed_snapshot_doc(doc, why), sid))
+                    await conn.execute("SELECT pg_notify(%s, %s)", (SNAPSHOT_CHANNEL, sid))
+        return lost

@@ -1,0 +1,190 @@
+"""The single-host metadata store: SQLite under the data dir (WAL, one connection, a lock).
+
+Calls are local and take microseconds, so they run inline on the event loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from sandlot.core.db.common import (
+    KEEP_DRAINING,
+    LIVE_SANDBOX_STATES,
+    UNFINISHED_SNAPSHOT_STATES,
+    HostRow,
+    NameTaken,
+    failed_snapshot_doc,
+    hash_key,
+    lost_sandbox_doc,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_keys (hash TEXT PRIMARY KEY, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY, state TEXT NOT NULL, doc TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY, name TEXT UNIQUE, state TEXT NOT NULL, doc TEXT NOT NULL,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS hosts (
+    id TEXT PRIMARY KEY, url TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL,
+    heartbeat_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+# columns added after the first release: (table, column, definition)
+ADDED_COLUMNS = (("sandboxes", "host", "TEXT NOT NULL DEFAULT ''"),
+                 ("snapshots", "host", "TEXT NOT NULL DEFAULT ''"))
+
+
+class SqliteStore:
+    shared = False
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        for table, column, definition in ADDED_COLUMNS:
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f, 0o600)  # env and metadata of every sandbox: the server's only
+        self._lock = threading.Lock()
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._db.close()
+
+    def _q(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- API keys and secrets -------------------------------------------------------------
+
+    async def add_key(self, key: str) -> None:
+        self._q("INSERT OR IGNORE INTO api_keys VALUES (?, ?)", (hash_key(key), time.time()))
+
+    async def key_valid(self, key: str) -> bool:
+        return bool(self._q("SELECT 1 FROM api_keys WHERE hash = ?", (hash_key(key),)))
+
+    async def secret(self, name: str) -> str:
+        self._q("INSERT OR IGNORE INTO secrets VALUES (?, ?)", (name, secrets.token_hex(32)))
+        return self._q("SELECT value FROM secrets WHERE name = ?", (name,))[0][0]
+
+    # ---- sandboxes ------------------------------------------------------------------------
+
+    async def put_sandbox(self, sandbox_id: str, state: str, host: str, doc: dict) -> None:
+        self._q("INSERT OR REPLACE INTO sandboxes (id, state, doc, updated_at, host) "
+                "VALUES (?, ?, ?, ?, ?)", (sandbox_id, state, json.dumps(doc), time.time(), host))
+
+    async def get_sandbox(self, sandbox_id: str) -> dict | None:
+        rows = self._q("SELECT doc FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def sandbox_host(self, sandbox_id: str) -> str | None:
+        rows = self._q("SELECT host FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return rows[0][0] if rows else None
+
+    async def sandboxes(self, states: tuple[str, ...] | None = None,
+                        host: str | None = None) -> list[dict]:
+        sql, args = "SELECT doc FROM sandboxes WHERE 1=1", ()
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args += tuple(states)
+        if host is not None:
+            sql += " AND host = ?"
+            args += (host,)
+        return [json.loads(r[0]) for r in self._q(sql, args)]
+
+    # ---- snapshots ------------------------------------------------------------------------
+
+    async def put_snapshot(self, snapshot_id: str, name: str | None, state: str, host: str,
+                           doc: dict, created_at: float) -> None:
+        try:
+            # an upsert, not INSERT OR REPLACE: that would delete the row holding the name
+            self._q("INSERT INTO snapshots (id, name, state, doc, created_at, host) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                    "name = excluded.name, state = excluded.state, doc = excluded.doc, "
+                    "host = excluded.host",
+                    (snapshot_id, name, state, json.dumps(doc), created_at, host))
+        except sqlite3.IntegrityError:
+            raise NameTaken(name) from None
+
+    async def get_snapshot(self, id_or_name: str) -> dict | None:
+        rows = self._q("SELECT doc FROM snapshots WHERE id = ? OR name = ? "
+                       "ORDER BY id = ? DESC LIMIT 1", (id_or_name, id_or_name, id_or_name))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def snapshots(self, states: tuple[str, ...] | None = None,
+                        host: str | None = None) -> list[dict]:
+        sql, args = "SELECT doc FROM snapshots WHERE 1=1", ()
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args += tuple(states)
+        if host is not None:
+            sql += " AND host = ?"
+            args += (host,)
+        return [json.loads(r[0]) for r in self._q(sql + " ORDER BY created_at", args)]
+
+    async def name_taken(self, name: str, except_id: str | None = None) -> bool:
+        rows = self._q("SELECT id FROM snapshots WHERE name = ?", (name,))
+        return bool(rows) and rows[0][0] != except_id
+
+    # ---- hosts ----------------------------------------------------------------------------
+
+    async def heartbeat(self, host_id: str, url: str, state: str, doc: dict) -> None:
+        self._q("INSERT INTO hosts VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                f"url = excluded.url, state = {KEEP_DRAINING}, doc = excluded.doc, "
+                "heartbeat_at = excluded.heartbeat_at",
+                (host_id, url, state, json.dumps(doc), time.time()))
+
+    async def set_host_state(self, host_id: str, state: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("UPDATE hosts SET state = ? WHERE id = ?", (state, host_id))
+            return cur.rowcount > 0
+
+    async def hosts(self) -> list[HostRow]:
+        t = time.time()
+        return [HostRow(r[0], r[1], r[2], json.loads(r[3]), max(0.0, t - r[4]))
+                for r in self._q("SELECT id, url, state, doc, heartbeat_at FROM hosts "
+                                 "ORDER BY id")]
+
+    async def mark_lost(self, timeout: float, reason: str) -> list[str]:
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                lost = [r[0] for r in db.execute(
+                    "SELECT id FROM hosts WHERE state IN ('active', 'draining') "
+                    "AND heartbeat_at < ?", (time.time() - timeout,))]
+                for host in lost:
+                    _mark_host_lost(db, host, reason.format(host=host))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return lost
+
+
+def _mark_host_lost(db: sqlite3.Connection, host: str, reason: str) -> None:
+    db.execute("UPDATE hosts SET state = 'lost' WHERE id = ?", (host,))
+    marks = ",".join("?" * len(LIVE_SANDBOX_STATES))
+    for sid, doc in db.execute(f"SELECT id, doc FROM sandboxes WHERE host = ? AND state IN "
+                               f"({marks})", (host, *LIVE_SANDBOX_STATES)).fetchall():
+        db.execute("UPDATE sandboxes SET state = 'lost', doc = ?, updated_at = ? WHERE id = ?",
+                   (lost_sandbox_doc(doc, reason), time.time(), sid))
+    marks = ",".join("?" * len(UNFINISHED_SNAPSHOT_STATES))
+    for sid, doc in db.execute(f"SELECT id, doc FROM snapshots WHERE host = ? AND state IN "
+                               f"({marks})", (host, *UNFINISHED_SNAPSHOT_STATES)).fetchall():
+        db.execute("UPDATE snapshots SET state = 'failed', doc = ? WHERE id = ?",
+                   (failed_snapshot_doc(doc, reason), sid))

@@ -1,0 +1,183 @@
+"""One API over every host: requests about a sandbox another host runs are forwarded to it.
+
+`ForwardToOwner` (ASGI middleware) finds the sandbox a request is about (its path, or the
+``E2b-Sandbox-Id`` header of envd calls), asks the metadata store which host runs it, and
+when that is another live host streams the request there and its answer back, bodies and
+NDJSON/Connect streams included, unbuffered. A forwarded request carries
+``X-Sandlot-Forwarded`` and is always served where it arrives, so nothing loops. `forward`
+does the same for a request a route decided to place on another host (creates, restores).
+Authentication is the owner's: keys live in the shared database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import httpx
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sandlot.server.errors import error_body
+
+log = logging.getLogger(__name__)
+FORWARDED = "x-sandlot-forwarded"
+# request and response headers that belong to one connection, not to the message
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
+              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
+SANDBOX_PATH = re.compile(r"^/(?:v1|e2b|e2b/v2)/sandboxes/(sb-[A-Za-z0-9_-]+)(?:/|$)")
+ENVD_PATH = "/e2b/envd/"
+SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
+
+
+def sandbox_of(scope: Scope) -> str | None:
+    """The sandbox a request is about, if any."""
+    path = scope.get("path", "")
+    m = SANDBOX_PATH.match(path)
+    if m:
+        return m.group(1)
+    if path.startswith(ENVD_PATH):
+        for name, value in scope.get("headers") or ():
+            if name == b"e2b-sandbox-id":
+                return value.decode("latin-1")
+    return None
+
+
+class Peers:
+    """HTTP to the other hosts of the deployment: one client, streaming, no read timeout
+    (a command's output may be silent for long; its keepalives come through)."""
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send, base_url: str,
+                    body: bytes | None = None, fallback=None) -> None:
+        """Send the request of `scope` to `base_url` and stream its answer to `send`;
+        `body`: the request body when a route has read it already; `fallback`: what answers
+        instead when the host cannot be reached at all."""
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string") or b""
+        url = base_url.rstrip("/") + path.decode("latin-1") + (
+            "?" + query.decode("latin-1") if query else "")
+        headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in HOP_BY_HOP]
+        headers.append((FORWARDED.encode(), self.host_id.encode()))
+
+        async def stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    return
+
+        content = body if body is not None else stream()
+        if body is not None:
+            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+        request = self.client.build_request(scope["method"], url, headers=headers,
+                                            content=content)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            log.warning("forwarding %s %s to %s failed: %s", scope["method"], scope["path"],
+                        base_url, e)
+            if fallback is not None and isinstance(e, httpx.ConnectError):
+                await fallback()  # nothing was sent: answered here, from the records
+                return
+            await _answer(send, scope, 503, "HostUnavailableError",
+                          f"the host that runs this sandbox ({base_url}) did not answer: {e}")
+            return
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": [(k, v) for k, v in response.headers.raw
+                                    if k.lower() not in HOP_BY_HOP]})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (httpx.HTTPError, OSError) as e:
+            log.warning("forwarded answer from %s broke off: %s", base_url, e)
+        finally:
+            await response.aclose()
+
+
+async def _answer(send: Send, scope: Scope, status: int, kind: str, message: str) -> None:
+    if scope.get("path", "").startswith("/e2b"):
+        body = {"code": status, "message": message}
+    else:
+        body = error_body(kind, message)
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class ForwardToOwner:
+    """ASGI middleware: a request about a sandbox that another live host runs goes there."""
+
+    def __init__(self, app: ASGIApp, get_core) -> None:
+        self.app = app
+        self.get_core = get_core
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        core = self.get_core() if scope["type"] == "http" else None
+        if core is None or not core.hosts.shared or _forwarded(scope):
+            await self.app(scope, receive, send)
+            return
+        sandbox_id = sandbox_of(scope)
+        if sandbox_id is None and _signed_file_url(scope):
+            host = await _signed_owner(scope, core)
+            url = await core.hosts.url_of(host) if host else None
+            if url is not None:
+                await scope["app"].state.peers.relay(scope, receive, send, url)
+                return
+        if sandbox_id is None or sandbox_id in core.sandboxes.live:
+            await self.app(scope, receive, send)
+            return
+        doc = await core.db.get_sandbox(sandbox_id)
+        host = doc.get("host") if doc else None
+        url = await core.hosts.url_of(host) if host else None
+        if url is None:  # here, unknown, or its host is gone: answered here
+            if doc is not None:
+                core.sandboxes.seen(sandbox_id, str(doc.get("state")))
+            await self.app(scope, receive, send)
+            return
+        async def here() -> None:
+            await self.app(scope, receive, send)
+
+        # A read of a host that does not answer is served from the records (a sandbox of a
+        # host about to be reported lost still shows, as it was last known).
+        reads = scope["method"] in ("GET", "HEAD")
+        await scope["app"].state.peers.relay(scope, receive, send, url,
+                                             fallback=here if reads else None)
+
+
+def _signed_file_url(scope: Scope) -> bool:
+    """E2B's download_url()/upload_url(): /files naming no sandbox, only a signature."""
+    return (scope.get("path") in SIGNED_FILE_PATHS and b"signature=" in
+            (scope.get("query_string") or b""))
+
+
+async def _signed_owner(scope: Scope, core) -> str | None:
+    from urllib.parse import parse_qsl
+
+    from sandlot.server.e2b.envd import signed_owner
+
+    st = getattr(scope["app"].state, "e2b", None)
+    if st is None:
+        return None
+    query = dict(parse_qsl((scope.get("query_string") or b"").decode("latin-1")))
+    query["_method"] = scope["method"]
+    return await signed_owner(core, st, query)
+
+
+def _forwarded(scope: Scope) -> bool:
+    return any(k == FORWARDED.encode() for k, _ in scope.get("headers") or ())

@@ -1,0 +1,85 @@
+"""Prometheus metrics at ``GET /metrics`` (prometheus-client, a registry per app): sandboxes
+by state, operation latencies, the warm pool, this host's room and the store's bytes.
+
+Latencies are observed where the operation is answered (routes) or finishes (a snapshot's
+`ready`, through SnapshotManager's hook); gauges are read from core when scraped."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from sandlot.core.models import SandboxState
+from sandlot.server.deps import core
+
+BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+COUNTED_STATES = (SandboxState.STARTING, SandboxState.RUNNING, SandboxState.PAUSED,
+                  SandboxState.LOST)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.operation_seconds = Histogram(
+            "sandlot_operation_seconds", "Time to answer an operation (snapshot: to ready)",
+            ["operation"], buckets=BUCKETS, registry=self.registry)
+        self.sandboxes = Gauge("sandlot_sandboxes", "Sandboxes by state (running and starting "
+                               "on this host; paused and lost in the deployment)", ["state"],
+                               registry=self.registry)
+        self.pool = Gauge("sandlot_pool_vms", "Warm pool VMs ready, and claims and misses so "
+                          "far, per template", ["template", "kind"], registry=self.registry)
+        self.memory_free = Gauge("sandlot_host_memory_free_bytes", "Memory this host can still "
+                                 "hand out (beyond its reserve)", registry=self.registry)
+        self.slots_free = Gauge("sandlot_host_free_slots", "Sandboxes this host can still take",
+                                registry=self.registry)
+        self.store_bytes = Gauge("sandlot_store_snapshot_bytes", "Bytes of ready snapshots: "
+                                 "their logical size and what they added to the store",
+                                 ["kind"], registry=self.registry)
+
+    def observe(self, operation: str, seconds: float) -> None:
+        self.operation_seconds.labels(operation).observe(seconds)
+
+
+def metrics_of(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+@contextlib.contextmanager
+def timed(request: Request, operation: str) -> Iterator[None]:
+    """Observe how long the block takes as `operation`, if it succeeds."""
+    t = time.perf_counter()
+    yield
+    metrics_of(request).observe(operation, time.perf_counter() - t)
+
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> Response:
+    c, m = core(request), metrics_of(request)
+    mine = c.host_id if c.db.shared else None
+    for state in COUNTED_STATES:
+        here = state in (SandboxState.STARTING, SandboxState.RUNNING)
+        docs = await c.db.sandboxes((state.value,), host=mine if here else None)
+        m.sandboxes.labels(state.value).set(len(docs))
+    for template, stats in c.runtime.pool_stats().items():
+        for kind in ("ready", "claimed", "misses"):
+            if isinstance(stats.get(kind), int):
+                m.pool.labels(template, kind).set(stats[kind])
+    m.memory_free.set(c.runtime.room().memory_free_mb << 20)
+    m.slots_free.set(c.sandboxes.free_slots())
+    ready = await c.db.snapshots(("ready",))
+    m.store_bytes.labels("logical").set(sum(d.get("size_bytes") or 0 for d in ready))
+    m.store_bytes.labels("stored").set(sum(d.get("stored_bytes") or 0 for d in ready))
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

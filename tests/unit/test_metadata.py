@@ -1,0 +1,91 @@
+"""The metadata stores, SQLite (one host) and PostgreSQL (a deployment, a real server started
+by the tests), answer alike: records, names, hosts, heartbeats and lost hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+
+from sandlot.core.db import NameTaken, open_store
+from sandlot.core.hosts import LOST_REASON
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request, tmp_path):
+    if request.param == "postgres":
+        pg = request.getfixturevalue("postgres")
+        url = pg.new_database("t" + secrets.token_hex(4))
+    else:
+        url = None
+    db = open_store(url, tmp_path / "sandlot.db")
+    await db.open()
+    yield db
+    await db.close()
+
+
+def doc(sid: str, state: str) -> dict:
+    return {"sandbox_id": sid, "state": state, "memory_mb": 512, "cpus": 1}
+
+
+async def test_records_keys_and_names(store) -> None:
+    await store.add_key("sl_k")
+    assert await store.key_valid("sl_k") and not await store.key_valid("sl_other")
+    await store.put_sandbox("sb-1", "running", "h-a", doc("sb-1", "running"))
+    await store.put_sandbox("sb-2", "running", "h-b", doc("sb-2", "running"))
+    await store.put_sandbox("sb-2", "stopped", "h-b", doc("sb-2", "stopped"))
+    assert await store.sandbox_host("sb-2") == "h-b"
+    assert [d["sandbox_id"] for d in await store.sandboxes(("running",))] == ["sb-1"]
+    assert [d["sandbox_id"] for d in await store.sandboxes(host="h-b")] == ["sb-2"]
+    await store.put_snapshot("snap-1", "keep", "ready", "h-a", {"snapshot_id": "snap-1"}, 1.0)
+    with pytest.raises(NameTaken):
+        await store.put_snapshot("snap-2", "keep", "ready", "h-b", {"snapshot_id": "snap-2"},
+                                 2.0)
+    assert (await store.get_snapshot("keep"))["snapshot_id"] == "snap-1"
+    assert await store.name_taken("keep") and not await store.name_taken("keep", "snap-1")
+    assert await store.secret("e2b") == await store.secret("e2b")
+
+
+async def test_a_silent_host_is_lost_with_its_running_sandboxes_once(store) -> None:
+    for host in ("h-a", "h-b"):
+        await store.heartbeat(host, f"http://{host}", "active", {"slots": 4})
+    await store.put_sandbox("sb-a", "running", "h-a", doc("sb-a", "running"))
+    await store.put_sandbox("sb-b", "running", "h-b", doc("sb-b", "running"))
+    await store.put_sandbox("sb-p", "paused", "h-b", doc("sb-p", "paused"))
+    await store.put_snapshot("snap-b", None, "uploading", "h-b", {"snapshot_id": "snap-b",
+                                                                   "state": "uploading"}, 1.0)
+    await asyncio.sleep(0.3)
+    await store.heartbeat("h-a", "http://h-a", "active", {"slots": 4})
+    lost = await asyncio.gather(store.mark_lost(0.2, LOST_REASON),
+                                store.mark_lost(0.2, LOST_REASON))
+    assert sorted(lost[0] + lost[1]) == ["h-b"]  # marked once, whoever noticed
+    states = {h.host_id: h.state for h in await store.hosts()}
+    assert states == {"h-a": "active", "h-b": "lost"}
+    b = await store.get_sandbox("sb-b")
+    assert b["state"] == "lost" and "h-b stopped answering" in b["error"]
+    assert (await store.get_sandbox("sb-p"))["state"] == "paused"  # its state is in the store
+    assert (await store.get_sandbox("sb-a"))["state"] == "running"
+    assert (await store.get_snapshot("snap-b"))["state"] == "failed"
+    # It comes back: a heartbeat makes it active again.
+    await store.heartbeat("h-b", "http://h-b", "active", {"slots": 4})
+    assert {h.host_id: h.state for h in await store.hosts()}["h-b"] == "active"
+
+
+async def test_a_drained_host_stays_drained_through_its_heartbeats(store) -> None:
+    await store.heartbeat("h-a", "http://h-a", "active", {})
+    assert await store.set_host_state("h-a", "draining")
+    await store.heartbeat("h-a", "http://h-a", "active", {})
+    assert [h.state for h in await store.hosts()] == ["draining"]
+    assert await store.set_host_state("h-a", "active")
+    assert not await store.set_host_state("h-none", "draining")
+
+
+async def test_migrations_run_once_when_hosts_start_together(postgres) -> None:
+    url = postgres.new_database("m" + secrets.token_hex(4))
+    stores = [open_store(url, None) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    await stores[0].add_key("sl_x")
+    assert all([await s.key_valid("sl_x") for s in stores])
+    for s in stores:
+        await s.close()
