@@ -50,7 +50,8 @@ async def test_pause_and_resume_keep_the_sandbox(api) -> None:
     r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
     assert r.status_code == 404 and "not running" in r.json()["error"]["message"]
     r = await api.post(f"/v1/sandboxes/{sid}/pause")
-    assert r.status_code == 404
+    assert r.status_code == 409 and r.json()["error"]["type"] == "InvalidStateError", r.text
+    assert "already paused" in r.json()["error"]["message"]
     r = await api.post(f"/v1/sandboxes/{sid}/resume", json={"timeout": 77})
     assert r.status_code == 200, r.text
     info = r.json()

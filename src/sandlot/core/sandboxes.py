@@ -159,14 +159,15 @@ class SandboxManager:
         self.check_request(req)
         self.check_room()
         source = await self.resolve_source(req)
-        rec = self._new_record(source, req)
-        vm = await self.runtime.claim(source.image, plan_of(rec))
-        if vm is not None:  # a pooled VM, already given the record's identity
-            rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
-            rec.pid = vm.pid
-            await self._register(LiveSandbox(rec, vm))
-            return rec
-        await self._start(rec, source)
+        async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
+            rec = self._new_record(source, req)
+            vm = await self.runtime.claim(source.image, plan_of(rec))
+            if vm is not None:  # a pooled VM, already given the record's identity
+                rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
+                rec.pid = vm.pid
+                await self._register(LiveSandbox(rec, vm))
+                return rec
+            await self._start(rec, source)
         return rec
 
     def check_room(self, count: int = 1) -> None:
@@ -373,6 +374,11 @@ class SandboxManager:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
         live = self.get_live(sandbox_id)
         source = await self.snapshots.source(snapshot)
+        async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
+            return await self._rollback(live, source)
+
+    async def _rollback(self, live: LiveSandbox, source: Source) -> SandboxRecord:
+        sandbox_id = live.sandbox_id
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
@@ -394,10 +400,14 @@ class SandboxManager:
 
     async def pause(self, sandbox_id: str) -> SandboxRecord:
         """Keep the sandbox's whole state in a snapshot and stop its VM; `resume` brings it
-        back under the same id. Answers once the state is stored."""
+        back under the same id. Answers once the state is stored. InvalidStateError if it
+        is paused already."""
+        if sandbox_id not in self.live:
+            await self._check_not_paused(sandbox_id)
         live = self.get_live(sandbox_id)
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
+                await self._check_not_paused(sandbox_id)  # another pause got there first
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
             snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE)
@@ -421,6 +431,12 @@ class SandboxManager:
         finally:
             self.runtime.release(snap.snapshot_id)
         return rec
+
+    async def _check_not_paused(self, sandbox_id: str) -> None:
+        rec = await self.get(sandbox_id)
+        if rec.state == SandboxState.PAUSED:
+            raise InvalidStateError(f"sandbox {sandbox_id} is already paused; resume it first",
+                                    current=rec.state.value, allowed=("running",))
 
     async def resume(self, sandbox_id: str, timeout: int | None = None) -> SandboxRecord:
         """Bring a paused sandbox back, exactly where it was, under its id."""

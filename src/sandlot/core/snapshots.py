@@ -13,10 +13,11 @@ state and is not listed. A fork's capture makes no record at all (sandboxes.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sandlot.core.db import MetadataStore, NameTaken
@@ -68,6 +69,8 @@ class SnapshotManager:
             db.on_snapshot_change(lambda _id: self._changed.set())
         self._progress: dict[str, _Progress] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._holds: dict[str, int] = {}  # snapshot id -> restores from it under way
+        self._doomed: set[str] = set()  # deleted while held: their data goes with the last hold
 
     # ---- records --------------------------------------------------------------------------
 
@@ -131,7 +134,35 @@ class SnapshotManager:
         transition(rec, SnapshotState.DELETED)
         rec.name = None
         await self._save(rec)
-        self._spawn(self.runtime.discard(rec.snapshot_id))
+        if self._holds.get(rec.snapshot_id):
+            self._doomed.add(rec.snapshot_id)  # a restore from it is under way: after it
+        else:
+            self._spawn(self.runtime.discard(rec.snapshot_id))
+
+    @contextlib.asynccontextmanager
+    async def holding(self, snapshot_id: str | None) -> AsyncIterator[None]:
+        """Hold a snapshot while a restore from it runs (taken right after `source`): a
+        delete meanwhile succeeds (the record is `deleted` at once, new restores are
+        refused), but its data (the store's copy, the hot files the restore is fetching or
+        mapping) stays until the last holder is done; a restored sandbox's VM then keeps the
+        hot files it maps by its lease. NotFoundError if it is deleted already. None (a
+        template) holds nothing."""
+        if snapshot_id is None:
+            yield
+            return
+        # Held first, then checked: a delete either sees the hold (and waits for it) or has
+        # saved `deleted` before the check (NotFoundError here), whatever the order.
+        self._holds[snapshot_id] = self._holds.get(snapshot_id, 0) + 1
+        try:
+            await self.get(snapshot_id)  # not deleted meanwhile
+            yield
+        finally:
+            left = self._holds.pop(snapshot_id) - 1
+            if left:
+                self._holds[snapshot_id] = left
+            elif snapshot_id in self._doomed:
+                self._doomed.discard(snapshot_id)
+                self._spawn(self.runtime.discard(snapshot_id))
 
     # ---- sources --------------------------------------------------------------------------
 
@@ -140,11 +171,15 @@ class SnapshotManager:
         A snapshot id this server has no record of is looked up in the store (another server
         took it): its manifest carries its record."""
         try:
-            rec = await self.get(id_or_name)
+            rec = await self.get(id_or_name, include_deleted=True)
         except NotFoundError:
             if not id_or_name.startswith("snap-"):
                 raise
             rec = await self._from_store(id_or_name)
+        if rec.state == SnapshotState.DELETED:
+            # Not looked for in the store: its copy there may not be gone yet, and must not
+            # bring the record back.
+            raise NotFoundError(f"snapshot {id_or_name!r} was deleted")
         if rec.state != SnapshotState.READY:
             if rec.state == SnapshotState.FAILED:
                 raise InvalidStateError(f"snapshot {rec.snapshot_id} failed: {rec.error}",
@@ -304,6 +339,11 @@ class SnapshotManager:
         return task
 
     async def close(self) -> None:
+        # Snapshots deleted while a restore held them: their data goes now, not never.
+        doomed, self._doomed = self._doomed, set()
+        for snapshot_id in doomed:
+            with contextlib.suppress(Exception):
+                await self.runtime.discard(snapshot_id)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

@@ -159,7 +159,8 @@ class HotCache:
         """The image was deleted: its files go now, or with their last lease."""
         if not self.dir(key).exists():
             return
-        if self.holders(key):
+        lock = self._locks.get(key)
+        if self.holders(key) or (lock is not None and lock.locked()):  # held, or being fetched
             self._write_entry(key, persistent=False)
         else:
             self.remove(key)

@@ -516,6 +516,8 @@ class QemuRuntime(Runtime):
                     disks=disks, run_dir=run_dir, lease=self.cache.adopt(image.key),
                     last_capture=state.get("last_capture"))
         vm.save()
+        for leftover in run_dir.glob("devstate-*"):  # saved by a capture the crash cut short
+            leftover.unlink(missing_ok=True)
         if disks.frozen is not None:  # a capture's merge never ran
             self._spawn(self._compact_locked(vm))
         return vm

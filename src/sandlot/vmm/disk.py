@@ -11,6 +11,7 @@ background (`compact`), so the chain is three layers again however many captures
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import shutil
@@ -19,8 +20,17 @@ from pathlib import Path
 
 from sandlot.errors import VmmError
 
+log = logging.getLogger(__name__)
 QEMU_IMG = "qemu-img"
 CLUSTER = 65536
+# What the host does with the guest's discards (fstrim, `mount -o discard`) and all-zero
+# writes: they free the overlay's clusters (punched holes in the qcow2 file), so blocks a guest
+# frees stop taking host disk. The virtio-blk device offers discard either way (its own
+# `discard` property, on by default), so these change no guest-visible state: they are left
+# out of vmm.machine.DEVICE_MODEL, and snapshots taken without them load with them and back.
+DISK_HOST_OPTIONS = ",discard=unmap,detect-zeroes=unmap"
+# The same for an overlay opened over QMP (blockdev-add: a capture's next overlay).
+DISK_HOST_QMP = {"discard": "unmap", "detect-zeroes": "unmap"}
 
 
 async def _qemu_img(*args: str) -> str:
@@ -89,6 +99,7 @@ async def flatten_pair(top: Path, lower: Path, dst: Path) -> None:
 
 
 _TOP_NAME = re.compile(r"disk-(\d+)\.qcow2$")
+_OPENED_NODE = re.compile(r"ov(\d+)")  # open_next's node names
 
 
 @dataclass
@@ -138,7 +149,7 @@ class DiskChain:
         try:
             self._own(path)
             await machine.execute("blockdev-add", {
-                "driver": "qcow2", "node-name": node, "backing": None,
+                "driver": "qcow2", "node-name": node, "backing": None, **DISK_HOST_QMP,
                 "file": {"driver": "file", "filename": str(path), "aio": "threads"},
             })
         except BaseException:
@@ -217,7 +228,25 @@ class DiskChain:
                     node=node, owner=owner)
         if backing and Path(backing) != source:
             chain.frozen = Path(backing)
+        await chain.drop_strays(machine)
         return chain
+
+    async def drop_strays(self, machine) -> None:
+        """Close and remove overlays a capture opened (`open_next`) but never stacked, its
+        server killed in between: QEMU still has them open and write-locked, so the next
+        capture could not make its overlay under the same name."""
+        for node in await machine.execute("query-named-block-nodes", {"flat": True}):
+            match = _OPENED_NODE.fullmatch(node.get("node-name") or "")
+            if match and int(match.group(1)) > self.index:
+                log.info("closing overlay node %s a capture left open", node["node-name"])
+                try:
+                    await machine.execute("blockdev-del", {"node-name": node["node-name"]})
+                except VmmError as e:
+                    log.warning("cannot close overlay node %s: %s", node["node-name"], e)
+        for path in self.dir.glob("disk-*.qcow2"):
+            match = _TOP_NAME.search(path.name)
+            if match and int(match.group(1)) > self.index:
+                path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -23,6 +23,7 @@ from qemu.qmp import QMPClient, QMPError
 
 from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
+from sandlot.vmm.disk import DISK_HOST_OPTIONS
 from sandlot.vmm.jail import SECCOMP, Jail
 from sandlot.vmm.network import open_tap
 from sandlot.vmm.qemu import QEMU
@@ -115,7 +116,9 @@ class MachineSpec:
         share = "on" if self.ram_share else "off"
         return f"memory-backend-file,id={name},size={size_mb}M,mem-path={path},share={share}"
 
-    def command(self) -> list[str]:
+    def command(self, host_options: bool = True) -> list[str]:
+        """QEMU's command line; `host_options` False leaves out the disk options that change
+        only what the host does with guest requests (see DISK_HOST_OPTIONS)."""
         mem = f"{self.base_mb}M"
         backend = self._backend("mem", self.base_mb, self.ram_path)
         cmd = [
@@ -134,7 +137,7 @@ class MachineSpec:
             "-serial", f"file:{self.run_dir / 'console.log'}",
             "-blockdev",
             f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={self.disk},"
-            "file.aio=threads,cache.direct=off",
+            f"file.aio=threads,cache.direct=off{DISK_HOST_OPTIONS if host_options else ''}",
             "-device", "virtio-blk-pci,drive=disk0,id=vda",
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
@@ -465,7 +468,7 @@ def _device_model() -> str:
     """
     spec = MachineSpec(run_dir=Path("/r"), kernel=Path("/k"), initrd=Path("/i"),
                        disk=Path("/d"), ram_path=Path("/m"), machine_type="<machine>")
-    model = " ".join(spec.command())
+    model = " ".join(spec.command(host_options=False))
     return hashlib.sha256(model.encode()).hexdigest()[:12]
 
 
