@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs cpio util-linux zstd
   nftables iproute2 dnsmasq-base runsc ca-certificates python3 python3-venv python3-pip curl
+  postgresql  # a deployment's shared metadata: the tests start their own server from it
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -60,6 +60,16 @@ def test_every_host_is_listed_with_its_capacity(cluster) -> None:
         assert h.slots == (A_SLOTS if name == "a" else 8) and h.memory_free_mb > 0
 
 
+def test_a_host_drained_or_activated_through_any_host_stays_so(cluster) -> None:
+    b, c = client(cluster["b"]), client(cluster["c"])
+    assert b.hosts.drain("host-a").state == "draining"
+    time.sleep(2.5)  # heartbeats of every host, host a's too
+    assert {h.id: h.state for h in c.hosts.list()}["host-a"] == "draining"
+    assert c.hosts.activate("host-a").state == "active"
+    time.sleep(2.5)
+    assert {h.id: h.state for h in b.hosts.list()}["host-a"] == "active"
+
+
 def test_a_sandbox_is_used_through_any_host(cluster) -> None:
     sbx = Sandbox.create(timeout=600, **cluster["a"].client_kwargs())
     owner = sbx.info.host
@@ -156,6 +166,7 @@ def test_a_full_hosts_fork_children_start_elsewhere(cluster) -> None:
     kids = parent.fork(4)
     assert len(kids) == 4
     assert all(k.info.host in ("host-b", "host-c") for k in kids)
+    assert {k.info.forked_from for k in kids} == {parent.sandbox_id}
     assert {k.files.read("/root/state.txt") for k in kids} == {"parent's"}
     assert parent.commands.run("cat /root/state.txt").stdout == "parent's"  # untouched
     # the snapshot the children came from is not listed, and is gone
@@ -164,12 +175,34 @@ def test_a_full_hosts_fork_children_start_elsewhere(cluster) -> None:
         box.kill()
 
 
+def test_a_paused_sandbox_resumes_on_another_host(cluster) -> None:
+    a = cluster["a"]
+    for h in ("host-b", "host-c"):
+        client(a).hosts.drain(h)
+    try:
+        sbx = Sandbox.create(timeout=600, **a.client_kwargs())
+    finally:
+        for h in ("host-b", "host-c"):
+            client(a).hosts.activate(h)
+    sbx.files.write("/root/state.txt", "paused on a")
+    sbx.pause()
+    client(a).hosts.drain("host-a")  # it must come back elsewhere
+    try:
+        resumed = through(cluster["b"], sbx.sandbox_id).resume()
+        assert resumed.info.host in ("host-b", "host-c")
+        assert resumed.files.read("/root/state.txt") == "paused on a"
+    finally:
+        client(a).hosts.activate("host-a")
+    resumed.kill()
+
+
 def test_a_killed_host_is_lost_and_comes_back_clean(cluster) -> None:
     a, b, c = cluster["a"], cluster["b"], cluster["c"]
     client(a).hosts.drain("host-a")
     client(a).hosts.drain("host-c")
     try:
         on_b = Sandbox.create(timeout=600, **b.client_kwargs())
+        doomed = Sandbox.create(timeout=600, **b.client_kwargs())
         on_b.files.write("/root/state.txt", "b's")
         snap = on_b.create_snapshot().wait()
     finally:
@@ -196,12 +229,16 @@ def test_a_killed_host_is_lost_and_comes_back_clean(cluster) -> None:
         through(a, on_b.sandbox_id).commands.run("true")
     assert "lost" in str(e.value)
     assert through(a, on_c.sandbox_id).commands.run("echo alive").stdout == "alive\n"
+    assert client(c).sandboxes.kill(doomed.sandbox_id)  # a lost sandbox's record is closed
+    assert client(a).sandboxes.get_info(doomed.sandbox_id).state == "stopped"
+    doomed_pid = doomed.info.pid
     again = Sandbox.create(snapshot_id=snap.snapshot_id, timeout=600, **a.client_kwargs())
     assert again.info.host in ("host-a", "host-c")
     assert again.files.read("/root/state.txt") == "b's"
 
     b.start(timeout=180)  # comes back: what it left behind goes
     wait_for(lambda: not _alive(qemu_pid), 30, what="the lost sandbox's QEMU gone")
+    wait_for(lambda: not _alive(doomed_pid), 30, what="the killed sandbox's QEMU gone")
     assert client(b).sandboxes.get_info(on_b.sandbox_id).state == "stopped"
     wait_for(lambda: {h.id: h.state for h in client(a).hosts.list()}["host-b"] == "active",
              10, what="b active again")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -89,6 +90,7 @@ class Hosts:
         self._running = running
         self._cached: dict[str, tuple[str, ...]] = {}  # host -> image keys its cache holds
         self._task: asyncio.Task | None = None
+        self._connected_since: float | None = None  # of this run of good heartbeats
         # called when this host finds itself marked lost (it was silent too long) and is back
         self.on_back: Callable[[], Awaitable[None]] | None = None
 
@@ -118,6 +120,7 @@ class Hosts:
     async def start(self, url: str) -> None:
         self.url = self.settings.advertise_url or url
         await self.heartbeat()
+        self._connected_since = time.monotonic()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
@@ -133,13 +136,20 @@ class Hosts:
             await asyncio.sleep(self.settings.heartbeat_interval)
             try:
                 await self.heartbeat()
-                if self.shared:
+                now = time.monotonic()
+                if self._connected_since is None:
+                    self._connected_since = now
+                # Only a host that has reached the database for a whole timeout judges others:
+                # after an outage of the database every host is silent for a while, and the
+                # first one back must not take the others for lost.
+                if self.shared and now - self._connected_since >= self.settings.host_timeout:
                     lost = await self.db.mark_lost(self.settings.host_timeout, LOST_REASON)
                     for host in lost:
                         log.warning("host %s stopped answering: its sandboxes are lost", host)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the heartbeat must keep going
+                self._connected_since = None
                 log.warning("heartbeat failed: %s", e)
 
     # ---- the deployment -------------------------------------------------------------------

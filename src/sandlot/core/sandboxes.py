@@ -152,8 +152,9 @@ class SandboxManager:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source
 
-    async def create(self, req: CreateSandbox) -> SandboxRecord:
-        """A new sandbox from a template or a snapshot (a restore either way, never a boot)."""
+    async def create(self, req: CreateSandbox, forked_from: str | None = None) -> SandboxRecord:
+        """A new sandbox from a template or a snapshot (a restore either way, never a boot);
+        `forked_from`: the parent of a fork child started here for another host."""
         if req.template and req.snapshot_id:
             raise InvalidArgumentError("give either template or snapshot_id, not both")
         self.check_request(req)
@@ -161,6 +162,7 @@ class SandboxManager:
         source = await self.resolve_source(req)
         async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
             rec = self._new_record(source, req)
+            rec.forked_from = forked_from
             vm = await self.runtime.claim(source.image, plan_of(rec))
             if vm is not None:  # a pooled VM, already given the record's identity
                 rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
@@ -241,7 +243,13 @@ class SandboxManager:
                 await self.teardown(live, SandboxState.STOPPED)
                 return
             rec = await self.get(sandbox_id)
-            if rec.state == SandboxState.LOST:  # its host is gone: close the record
+            away = rec.host not in (None, self.host_id) and rec.state in (
+                SandboxState.RUNNING, SandboxState.STARTING)
+            if rec.state == SandboxState.LOST or away:
+                # Its host is gone (or not answering: a request about a sandbox of a live
+                # host is answered there). Close the record; the host, when it runs again,
+                # removes the VM of a sandbox no longer running in the records.
+                rec.error = rec.error or f"killed while its host {rec.host} was not answering"
                 transition(rec, SandboxState.STOPPED)
                 await self._save(rec)
                 return

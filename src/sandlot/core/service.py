@@ -57,6 +57,7 @@ class Core:
         """Open the metadata store, recover, join the deployment (reachable at `url`)."""
         await self.db.open()
         await self.recover()
+        await self._reconcile_templates()
         warm = {}
         for name in self.settings.pool_templates if self.settings.pool_size else ():
             try:
@@ -111,6 +112,18 @@ class Core:
                 live.record.error = doc.get("error")
                 async with live.lock:
                     await self.sandboxes.teardown(live, SandboxState.STOPPED)
+
+    async def _reconcile_templates(self) -> None:
+        """Before anything restores from them: where the store has another build of a local
+        template (same hash, built on another host), take the store's, so a snapshot is
+        restored over the root filesystem it was taken on, whichever host took it."""
+        for info in self.templates.list():
+            try:
+                if await self.runtime.reconcile_template(image_of(info)):
+                    log.warning("template %s: took the store's build %s", info.name, info.hash)
+            except SandlotError as e:
+                log.warning("template %s not compared with the store's: %s", info.name,
+                            e.message)
 
     async def _import_templates(self) -> None:
         """Give the store the templates this host built that it lacks (a new store): their

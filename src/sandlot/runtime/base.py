@@ -220,6 +220,11 @@ class Runtime(abc.ABC):
     async def import_template(self, image: Image, info: dict) -> bool:
         """Store a template built on this host if the store lacks it; True if it did."""
 
+    async def reconcile_template(self, image: Image) -> bool:
+        """Make this host's build of a template the store's, if the store has another one
+        under the same hash (built on another host); True if it was replaced."""
+        return False
+
     @abc.abstractmethod
     async def template_info(self, name: str) -> dict:
         """A template's record as stored (NotFoundError if the store has no such name)."""

@@ -15,6 +15,9 @@ store, a test's) is given it by `import_template`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import logging
 import shutil
 from collections import OrderedDict
 from pathlib import Path
@@ -28,10 +31,12 @@ from sandlot.storage.store import Source, Store
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.memory import copy_sparse
 
+STORED_MARK = ".stored"  # in a build dir: the store's manifest this build was found equal to
 BUILD_FILES = {"vmlinuz": "vmlinuz", "initramfs": "initramfs.gz", "rootfs": "rootfs.ext4"}
 IMAGE_FILES = {"ram": "ram", "devstate": "devstate", "disk": "disk.qcow2", "dimm": "ram.dimm"}
 LOCAL_IMAGE = "image"
 MANIFEST_CACHE = 64
+log = logging.getLogger(__name__)
 
 
 class ImageStore:
@@ -144,13 +149,50 @@ class ImageStore:
         return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
 
     async def import_template(self, image: Image, info: dict) -> bool:
-        """Give the store a template this host has built, if it lacks it. True if it did."""
-        if await self.store.exists(image.key):
-            return False
+        """Give the store a template this host has built, if it lacks it. True if it did.
+        If the store has another build under the same hash (built on another host: root
+        filesystems are not reproducible), the store's replaces this host's, so that every
+        host restores a snapshot over the root filesystem it was taken on."""
         if not all((self.build_dir(image.build) / f).exists() for f in BUILD_FILES.values()):
             return False
+        if await self.store.exists(image.key):
+            await self.reconcile_build(image)
+            return False
         await self.publish_template(image, info)
+        (self.build_dir(image.build) / STORED_MARK).write_text(
+            _fingerprint(await self.manifest(image.key)))
         return True
+
+    async def reconcile_build(self, image: Image) -> bool:
+        """Make this host's build of `image` the store's; True if it had to be replaced."""
+        manifest = await self.manifest(image.key)
+        build, mark = self.build_dir(image.build), self.build_dir(image.build) / STORED_MARK
+        if mark.exists() and mark.read_text() == _fingerprint(manifest):
+            return False  # checked before, against this very manifest
+        local = await self.store.chunks.hash_file(build / BUILD_FILES["rootfs"])
+        stored = manifest.files.get("rootfs")
+        if stored is not None and (local.size, local.chunks) != (stored.size, stored.chunks):
+            log.warning("template build %s: this host's root filesystem differs from the "
+                        "store's (built elsewhere under the same hash); using the store's",
+                        image.build)
+            tmp = build.with_name(build.name + ".replacing")
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / LOCAL_IMAGE).mkdir(parents=True)
+            names = {n: tmp / f for n, f in BUILD_FILES.items()}
+            names |= {n: tmp / LOCAL_IMAGE / f for n, f in IMAGE_FILES.items()
+                      if n in manifest.files}
+            try:
+                await self.store.fetch(image.key, names, manifest=manifest)
+                for f in BUILD_FILES.values():  # new inodes: running VMs keep the old ones
+                    (tmp / f).replace(build / f)
+                shutil.rmtree(build / LOCAL_IMAGE, ignore_errors=True)
+                (tmp / LOCAL_IMAGE).replace(build / LOCAL_IMAGE)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            mark.write_text(_fingerprint(manifest))
+            return True
+        mark.write_text(_fingerprint(manifest))
+        return False
 
     async def ensure_build(self, build: str) -> Path:
         """The build's kernel, initramfs and root filesystem on this host, fetched from the
@@ -178,3 +220,10 @@ class ImageStore:
 
     async def template_info(self, name: str) -> dict:
         return await self.store.get_template(name)
+
+
+def _fingerprint(manifest: Manifest) -> str:
+    """What identifies a stored template build's root filesystem."""
+    rootfs = manifest.files.get("rootfs")
+    chunks = sorted(rootfs.chunks.items()) if rootfs is not None else []
+    return hashlib.sha256(json.dumps([manifest.created_at, chunks]).encode()).hexdigest()

@@ -355,6 +355,11 @@ class QemuRuntime(Runtime):
     async def import_template(self, image: Image, info: dict) -> bool:
         return await self.store.import_template(image, info)
 
+    async def reconcile_template(self, image: Image) -> bool:
+        if not await self.store.store.exists(image.key):
+            return False
+        return await self.store.reconcile_build(image)
+
     async def template_info(self, name: str) -> dict:
         return await self.store.template_info(name)
 

@@ -23,7 +23,7 @@ from sandlot.server.auth import require_key
 from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
 from sandlot.server.e2b.state import start_e2b_state
-from sandlot.server.forward import ForwardToOwner, Peers
+from sandlot.server.forward import PEER_SECRET, ForwardToOwner, Peers
 from sandlot.server.metrics import Metrics
 from sandlot.server.metrics import router as metrics_router
 from sandlot.server.routes_commands import STREAM_SCHEMAS
@@ -57,7 +57,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
             await core.db.add_key(preset)
-        app.state.peers = Peers(core.host_id)
+        app.state.peers = Peers(core.host_id, await core.db.secret(PEER_SECRET)
+                                if core.db.shared else "")
         await start_e2b_state(app.state, core)
         core.snapshots.on_ready = lambda rec: app.state.metrics.observe(
             "snapshot", (rec.ready_at - rec.created_at).total_seconds())

@@ -21,7 +21,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandlot.server.errors import error_body
 
 log = logging.getLogger(__name__)
-FORWARDED = "x-sandlot-forwarded"
+FORWARDED = "x-sandlot-forwarded"  # its value: the deployment's peer token (PEER_SECRET)
+PEER_SECRET = "peer-token"  # the name of that token in the deployment's database
 # request and response headers that belong to one connection, not to the message
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
               b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
@@ -47,8 +48,9 @@ class Peers:
     """HTTP to the other hosts of the deployment: one client, streaming, no read timeout
     (a command's output may be silent for long; its keepalives come through)."""
 
-    def __init__(self, host_id: str) -> None:
+    def __init__(self, host_id: str, token: str = "") -> None:
         self.host_id = host_id
+        self.token = token  # what marks a request as one host's to another
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=32))
@@ -66,7 +68,7 @@ class Peers:
         url = base_url.rstrip("/") + path.decode("latin-1") + (
             "?" + query.decode("latin-1") if query else "")
         headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in HOP_BY_HOP]
-        headers.append((FORWARDED.encode(), self.host_id.encode()))
+        headers.append((FORWARDED.encode(), self.token.encode()))
 
         async def stream():
             while True:
@@ -129,7 +131,7 @@ class ForwardToOwner:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         core = self.get_core() if scope["type"] == "http" else None
-        if core is None or not core.hosts.shared or _forwarded(scope):
+        if core is None or not core.hosts.shared or forwarded(scope):
             await self.app(scope, receive, send)
             return
         sandbox_id = sandbox_of(scope)
@@ -143,7 +145,9 @@ class ForwardToOwner:
             await self.app(scope, receive, send)
             return
         doc = await core.db.get_sandbox(sandbox_id)
-        host = doc.get("host") if doc else None
+        # a paused sandbox runs nowhere: any host answers for it, and resumes it where
+        # placement says
+        host = doc.get("host") if doc and doc.get("state") != "paused" else None
         url = await core.hosts.url_of(host) if host else None
         if url is None:  # here, unknown, or its host is gone: answered here
             if doc is not None:
@@ -179,5 +183,11 @@ async def _signed_owner(scope: Scope, core) -> str | None:
     return await signed_owner(core, st, query)
 
 
-def _forwarded(scope: Scope) -> bool:
-    return any(k == FORWARDED.encode() for k, _ in scope.get("headers") or ())
+def forwarded(scope: Scope) -> bool:
+    """A request another host of the deployment sent here (a client cannot fake one: the
+    header must carry the deployment's peer token)."""
+    peers = getattr(scope["app"].state, "peers", None)
+    if peers is None or not peers.token:
+        return False
+    return any(k == FORWARDED.encode() and v == peers.token.encode()
+               for k, v in scope.get("headers") or ())

@@ -7,6 +7,7 @@ import json
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from sandlot.core.hosts import Need
 from sandlot.core.models import (
     CreateSandbox,
     NetworkSpec,
@@ -18,7 +19,13 @@ from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.deps import core
 from sandlot.server.metrics import timed
-from sandlot.server.placement import elsewhere, fork_spread
+from sandlot.server.placement import (
+    children_here,
+    elsewhere,
+    fork_spread,
+    forked_from,
+    placing,
+)
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -58,7 +65,8 @@ class ForkResult(BaseModel):
 async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord | Response:
     """A new sandbox from a template or a snapshot, on the host placement picks."""
     with timed(request, "restore" if body.snapshot_id else "create"):
-        return await elsewhere(request, body) or await core(request).sandboxes.create(body)
+        return await elsewhere(request, body) or await core(request).sandboxes.create(
+            body, forked_from=forked_from(request))
 
 
 @router.get("", response_model=SandboxList)
@@ -100,7 +108,7 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> For
     """`count` copy-on-write children of the sandbox's current state; in a deployment, those
     that do not fit on its host start on others."""
     c = core(request)
-    here = min(body.count, c.sandboxes.free_slots()) if c.hosts.shared else body.count
+    here = children_here(request, body.count)
     results: list = []
     pause_ms = 0.0
     with timed(request, "fork"):
@@ -136,9 +144,16 @@ async def pause_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
 async def resume_sandbox(sandbox_id: str, request: Request,
                          body: ResumeBody | None = None) -> SandboxRecord:
     """Bring a paused sandbox back exactly where it was (a new timeout if given)."""
+    c = core(request)
     with timed(request, "resume"):
-        return await core(request).sandboxes.resume(sandbox_id,
-                                                    body.timeout if body else None)
+        if placing(request):  # a paused sandbox resumes on whichever host placement picks
+            rec = await c.sandboxes.get(sandbox_id)
+            if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
+                need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot)
+                placed = await elsewhere(request, need=need)
+                if placed is not None:
+                    return placed
+        return await c.sandboxes.resume(sandbox_id, body.timeout if body else None)
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 # sandbox and snapshot states a lost host's records move out of (core/models.py names them)
 LIVE_SANDBOX_STATES = ("starting", "running")
 UNFINISHED_SNAPSHOT_STATES = ("creating", "uploading")
-# a heartbeat keeps a host draining: only an operator makes it active again
-KEEP_DRAINING = ("CASE WHEN hosts.state = 'draining' AND excluded.state = 'active' "
-                 "THEN 'draining' ELSE excluded.state END")
+# An active or draining host's state is the operators' (drain, activate through any host): its
+# heartbeat keeps it; a heartbeat only brings a lost or stopped host back.
+KEEP_DRAINING = ("CASE WHEN hosts.state IN ('active', 'draining') THEN hosts.state "
+                 "ELSE excluded.state END")
 
 
 class NameTaken(Exception):
