@@ -53,6 +53,10 @@ export interface SandboxInfo {
   error: string | null;
   /** The id of the host that runs it (several hosts: `client.hosts.list()`). */
   host: string | null;
+  /** At its timeout: killed, or paused. */
+  onTimeout: "kill" | "pause";
+  /** Whether a paused sandbox resumes by itself on its next use. */
+  autoResume: boolean;
 }
 
 /** A snapshot as the server describes it. */
@@ -168,6 +172,8 @@ export function toSandboxInfo(raw: Schemas["SandboxRecord"]): SandboxInfo {
     pid: raw.pid ?? null,
     error: raw.error ?? null,
     host: raw.host ?? null,
+    onTimeout: raw.on_timeout ?? "kill",
+    autoResume: raw.auto_resume ?? false,
   };
 }
 

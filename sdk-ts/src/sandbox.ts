@@ -40,6 +40,11 @@ export interface SandboxCreateOptions {
   internet?: boolean;
   /** Egress allow/deny rules. */
   network?: NetworkRules;
+  /** At its timeout: `"kill"` (default) or `"pause"` (its whole state kept; `resume` brings
+   * it back). */
+  onTimeout?: "kill" | "pause";
+  /** A paused sandbox resumes by itself on the next command, file operation or fork. */
+  autoResume?: boolean;
 }
 
 /** Overrides of {@link Snapshot.restoreWith}. */
@@ -82,6 +87,8 @@ export function createRequest(options: SandboxCreateOptions): Schemas["CreateSan
     metadata: strMap(options.metadata, "metadata") ?? {},
     internet: options.internet ?? true,
     network: wireNetwork(options.network),
+    on_timeout: options.onTimeout ?? "kill",
+    auto_resume: options.autoResume ?? false,
   };
 }
 

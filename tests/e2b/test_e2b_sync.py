@@ -322,6 +322,20 @@ def test_metrics_are_sampled_by_the_host(sbx):
     assert sbx.get_metrics(start=datetime.now(UTC) + timedelta(hours=1)) == []
 
 
+def test_paused_at_its_timeout_and_resumed_by_the_next_call():
+    box = Sandbox.create("base", timeout=10,
+                         lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        box.files.write("/tmp/kept.txt", "kept")
+        eventually(lambda: box.get_info().state == SandboxState.PAUSED, timeout=90)
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert box.sandbox_id in {i.sandbox_id for i in paused}
+        assert box.commands.run("cat /tmp/kept.txt").stdout == "kept"  # it came back
+        assert box.get_info().state == SandboxState.RUNNING
+    finally:
+        box.kill()
+
+
 def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(Exception) as ei:
         Template.build(Template().from_image("ubuntu:22.04"), "e2b-built")
@@ -329,9 +343,6 @@ def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(SandboxException) as ei:
         Sandbox.create("no-such-template")
     assert ei.value.status_code == 404 and "base" in str(ei.value)
-    with pytest.raises(SandboxException) as ei:
-        Sandbox.create(lifecycle={"on_timeout": "pause"})
-    assert ei.value.status_code == 501
     with pytest.raises(SandboxException) as ei:
         sbx.create_snapshot(mode="filesystem")
     assert ei.value.status_code == 400

@@ -195,3 +195,31 @@ async def test_a_server_with_another_data_dir_restores_from_the_store(tmp_path) 
             await b.core.sandboxes.create(CreateSandbox(snapshot_id="named-on-a"))
         with pytest.raises(NotFoundError):
             await b.core.sandboxes.create(CreateSandbox(snapshot_id="snap-0000000000"))
+
+
+async def test_a_sandbox_paused_at_its_timeout_resumes_on_the_next_use(api) -> None:
+    sid = (await create(api, timeout=1, on_timeout="pause", auto_resume=True))["sandbox_id"]
+    r = await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}, content=b"kept")
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] != "paused":
+        assert time.monotonic() < deadline, "not paused at its timeout"
+        await asyncio.sleep(0.2)
+    listed = (await api.get("/v1/sandboxes", params={"state": "paused"})).json()["sandboxes"]
+    assert [s["sandbox_id"] for s in listed] == [sid]
+    # Reading its record does not resume it; a file read does, and finds what it had.
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
+    assert r.status_code == 200 and r.content == b"kept"
+    info = (await api.get(f"/v1/sandboxes/{sid}")).json()
+    assert info["state"] == "running" and info["auto_resume"] and info["on_timeout"] == "pause"
+
+
+async def test_without_auto_resume_a_paused_sandbox_stays_paused(api) -> None:
+    sid = (await create(api, timeout=1, on_timeout="pause"))["sandbox_id"]
+    deadline = time.monotonic() + 10
+    while (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] != "paused":
+        assert time.monotonic() < deadline, "not paused at its timeout"
+        await asyncio.sleep(0.2)
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
+    assert r.status_code == 404 and "paused" in r.json()["error"]["message"]

@@ -625,6 +625,17 @@ export interface components {
              */
             internet: boolean;
             network?: components["schemas"]["NetworkSpec"] | null;
+            /**
+             * On Timeout
+             * @default kill
+             * @enum {string}
+             */
+            on_timeout: "kill" | "pause";
+            /**
+             * Auto Resume
+             * @default false
+             */
+            auto_resume: boolean;
             /** Template */
             template?: string | null;
             /** Snapshot Id */
@@ -908,6 +919,17 @@ export interface components {
              */
             internet: boolean;
             network?: components["schemas"]["NetworkSpec"] | null;
+            /**
+             * On Timeout
+             * @default kill
+             * @enum {string}
+             */
+            on_timeout: "kill" | "pause";
+            /**
+             * Auto Resume
+             * @default false
+             */
+            auto_resume: boolean;
             /** Name */
             name?: string | null;
         };
@@ -995,6 +1017,17 @@ export interface components {
             generation: string;
             /** Forked From */
             forked_from?: string | null;
+            /**
+             * On Timeout
+             * @default kill
+             * @enum {string}
+             */
+            on_timeout: "kill" | "pause";
+            /**
+             * Auto Resume
+             * @default false
+             */
+            auto_resume: boolean;
             /** Pid */
             pid?: number | null;
             /** Error */

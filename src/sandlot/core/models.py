@@ -94,6 +94,8 @@ class SandboxRecord(BaseModel):
     network: NetworkSpec | None = None
     generation: str = ""
     forked_from: str | None = None  # the parent sandbox of a fork child
+    on_timeout: Literal["kill", "pause"] = "kill"
+    auto_resume: bool = False
     pid: int | None = None
     error: str | None = None
     host: str | None = None  # the id of the host it runs on (GET /v1/hosts)
@@ -147,6 +149,10 @@ class SandboxOverrides(BaseModel):
     metadata: dict[str, str] | None = None
     internet: bool = True
     network: NetworkSpec | None = None
+    # at its timeout: killed, or paused (its whole state kept, `resume` brings it back)
+    on_timeout: Literal["kill", "pause"] = "kill"
+    # a paused sandbox resumes by itself on the next request that needs it running
+    auto_resume: bool = False
 
 
 class CreateSandbox(SandboxOverrides):

@@ -82,6 +82,8 @@ class SandboxManager:
         self.live: dict[str, LiveSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
         self._ended: dict[str, str] = {}  # last known state of sandboxes not running here
+        self._pausing: set[str] = set()  # paused at their timeout, now
+        self._tasks: set[asyncio.Task] = set()
 
     # ---- records --------------------------------------------------------------------------
 
@@ -204,6 +206,7 @@ class SandboxManager:
             created_at=created, timeout=timeout,
             expires_at=created + timedelta(seconds=timeout) if timeout else None,
             internet=req.internet, network=req.network, generation=new_generation(),
+            on_timeout=req.on_timeout, auto_resume=req.auto_resume,
             image_key=image.key, build=image.build, workdir=source.workdir,
         )
         self.runtime.check_plan(image, plan_of(rec))
@@ -262,12 +265,18 @@ class SandboxManager:
         self._locks.pop(sandbox_id, None)
 
     async def teardown(self, live: LiveSandbox, state: SandboxState) -> None:
-        self.live.pop(live.sandbox_id, None)
-        await self.runtime.kill(live.vm)
+        """End the sandbox's VM; its record says `state` before the VM goes, so no reader
+        sees it neither running nor in its new state."""
         rec = live.record
-        rec.pid = None
         transition(rec, state)
+        self.live.pop(live.sandbox_id, None)
+        pid, rec.pid = rec.pid, None
         await self._save(rec)
+        try:
+            await self.runtime.kill(live.vm)
+        except BaseException:
+            log.warning("sandbox %s (pid %s): its VM did not go cleanly", live.sandbox_id, pid)
+            raise
 
     async def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         if timeout < 0 or timeout > self.settings.max_timeout:
@@ -285,6 +294,14 @@ class SandboxManager:
                    if lv.record.expires_at is not None and lv.record.expires_at <= t]
         dead = [lv for lv in self.live.values() if lv.vm.exited and lv not in expired]
         for live in expired:
+            if live.record.on_timeout == "pause":
+                if live.sandbox_id not in self._pausing:
+                    log.info("sandbox %s reached its timeout: pausing it", live.sandbox_id)
+                    self._pausing.add(live.sandbox_id)
+                    task = asyncio.create_task(self._pause_at_timeout(live))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                continue
             log.info("sandbox %s reached its timeout", live.sandbox_id)
             async with live.lock:
                 if live.sandbox_id in self.live:
@@ -297,6 +314,18 @@ class SandboxManager:
                 if live.sandbox_id in self.live:
                     await self.teardown(live, SandboxState.FAILED)
         return [lv.sandbox_id for lv in expired + dead]
+
+    async def _pause_at_timeout(self, live: LiveSandbox) -> None:
+        try:
+            await self.pause(live.sandbox_id)
+        except SandlotError as e:
+            log.warning("sandbox %s: pausing at its timeout failed, killing it: %s",
+                        live.sandbox_id, e.message)
+            async with live.lock:
+                if self.live.get(live.sandbox_id) is live:
+                    await self.teardown(live, SandboxState.STOPPED)
+        finally:
+            self._pausing.discard(live.sandbox_id)
 
     # ---- network --------------------------------------------------------------------------
 
@@ -356,7 +385,8 @@ class SandboxManager:
                             template=parent.template, workdir=parent.workdir)
             req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
                                 timeout=parent.timeout, metadata=parent.metadata,
-                                internet=parent.internet, network=parent.network)
+                                internet=parent.internet, network=parent.network,
+                                on_timeout=parent.on_timeout, auto_resume=parent.auto_resume)
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)

@@ -109,13 +109,15 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
                    memory_mb: int | None = None, cpus: int | None = None,
                    env: dict[str, str] | None = None, timeout: int | None = 300,
                    metadata: dict[str, str] | None = None, internet: bool = True,
-                   network: Any = None) -> Request:
+                   network: Any = None, on_timeout: str = "kill",
+                   auto_resume: bool = False) -> Request:
     """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot."""
     return Request("POST", "/v1/sandboxes", json={
         "template": None if snapshot_id else template, "snapshot_id": snapshot_id,
         "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env") or {},
         "timeout": timeout, "metadata": _str_dict(metadata, "metadata") or {},
-        "internet": internet, "network": network,
+        "internet": internet, "network": network, "on_timeout": on_timeout,
+        "auto_resume": auto_resume,
     })
 
 

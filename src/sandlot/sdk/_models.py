@@ -33,6 +33,8 @@ class SandboxInfo(_Model):
     timeout: int | None = None
     internet: bool = True
     generation: str | None = None
+    on_timeout: str = "kill"
+    auto_resume: bool = False
     host: str | None = None
     pid: int | None = None
 

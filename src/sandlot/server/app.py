@@ -20,6 +20,7 @@ from sandlot.errors import SandlotError
 from sandlot.runtime.base import Runtime
 from sandlot.server import errors
 from sandlot.server.auth import require_key
+from sandlot.server.autoresume import AutoResume
 from sandlot.server.body import BodyLimit
 from sandlot.server.e2b import router as e2b_router
 from sandlot.server.e2b.state import start_e2b_state
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.add_exception_handler(HTTPException, errors.http_error)
     app.add_exception_handler(Exception, errors.unexpected_error)
     app.add_middleware(BodyLimit, limit=settings.limits.body_bytes)
+    app.add_middleware(AutoResume, get_core=lambda: getattr(app.state, "core", None))
     app.add_middleware(ForwardToOwner, get_core=lambda: getattr(app.state, "core", None))
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router,

@@ -61,19 +61,22 @@ class AsyncSandbox:
                      memory_mb: int | None = None, cpus: int | None = None,
                      env: dict[str, str] | None = None, timeout: int | None = 300,
                      metadata: dict[str, str] | None = None, internet: bool = True,
-                     network: Any = None, api_url: str | None = None,
-                     api_key: str | None = None) -> AsyncSandbox:
+                     network: Any = None, on_timeout: str = "kill", auto_resume: bool = False,
+                     api_url: str | None = None, api_key: str | None = None) -> AsyncSandbox:
         """Start a sandbox from `template`, or restore one from `snapshot_id`.
 
         `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
-        `timeout` seconds after creation unless extended with `set_timeout`. The server is
+        `timeout` seconds after creation unless extended with `set_timeout`, or paused with
+        ``on_timeout="pause"`` (its whole state kept; `resume` brings it back, and with
+        `auto_resume` the next command, file operation or fork does). The server is
         `api_url`/`api_key`, defaulting to env ``SANDLOT_URL``/``SANDLOT_API_KEY``.
         """
         api = AsyncAPI(api_url, api_key)
         try:
             data = await api.call(_base.create_sandbox(
                 template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
-                timeout=timeout, metadata=metadata, internet=internet, network=network))
+                timeout=timeout, metadata=metadata, internet=internet, network=network,
+                on_timeout=on_timeout, auto_resume=auto_resume))
         except BaseException:
             await api.aclose()
             raise

@@ -72,6 +72,7 @@ class NewSandbox(Body):
     allow_internet_access: bool | None = None
     network: dict | None = None
     auto_pause: bool | None = Field(None, alias="autoPause")
+    auto_pause_memory: bool | None = Field(None, alias="autoPauseMemory")
     auto_resume: dict | None = Field(None, alias="autoResume")
     mcp: dict | None = None
     iam: dict | None = None
@@ -135,12 +136,9 @@ def _network(raw: dict | None) -> NetworkSpec | None:
 
 
 def _check_create(body: NewSandbox) -> None:
-    if body.auto_pause:
-        raise Unsupported("sandlot does not pause on timeout (lifecycle on_timeout='pause'); "
-                          "call pause() before the timeout, or raise it with set_timeout()")
-    if body.auto_resume and body.auto_resume.get("enabled"):
-        raise Unsupported("sandlot does not auto-resume paused sandboxes; use "
-                          "Sandbox.connect(sandbox_id)")
+    if body.auto_pause and body.auto_pause_memory is False:
+        raise Unsupported("sandlot pauses with memory only (a full snapshot, resumed in "
+                          "milliseconds); filesystem-only auto-pause is not supported")
     if body.mcp:
         raise Unsupported("sandlot has no MCP gateway template")
     if body.iam and body.iam.get("tokens"):
@@ -166,7 +164,9 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
     req = CreateSandbox(template=src.template, snapshot_id=src.snapshot_id,
                         env=body.env_vars or {}, metadata=body.metadata or {},
                         timeout=body.timeout, internet=body.allow_internet_access is not False,
-                        network=_network(body.network))
+                        network=_network(body.network),
+                        on_timeout="pause" if body.auto_pause else "kill",
+                        auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")))
     placed = await elsewhere(request, req)
     if placed is not None:
         return placed
