@@ -61,6 +61,8 @@ export interface RestoreOptions {
   metadata?: Record<string, string>;
   internet?: boolean;
   network?: NetworkRules;
+  onTimeout?: "kill" | "pause";
+  autoResume?: boolean;
 }
 
 /** Options of {@link Sandbox.setNetwork}; an omitted setting stays as it is. */
@@ -103,6 +105,8 @@ export function restoreRequest(options: RestoreOptions): Schemas["RestoreBody"] 
     metadata: strMap(options.metadata, "metadata") ?? null,
     internet: options.internet ?? true,
     network: wireNetwork(options.network),
+    on_timeout: options.onTimeout ?? "kill",
+    auto_resume: options.autoResume ?? false,
   };
 }
 

@@ -197,6 +197,8 @@ describe("requests", () => {
       metadata: { a: "b" },
       internet: true,
       network: { allow_out: ["10.0.0.0/8"], deny_out: [] },
+      on_timeout: "kill",
+      auto_resume: false,
     });
     assert.equal(sbx.sandboxId, "sb-1");
     assert.equal(sbx.info.memoryMb, 512);
@@ -361,7 +363,7 @@ describe("public surface", () => {
     const expected = [
       "AuthenticationError", "BuildError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
       "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
-      "GuestError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
+      "GuestError", "HostUnavailableError", "Hosts", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
       "Templates", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];
