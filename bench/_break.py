@@ -61,16 +61,19 @@ class Calls:
         try:
             out = fn(*args, **kw)
         except Exception as e:  # noqa: BLE001 - every outcome is counted
-            with self.lock:
-                if typed(e):
-                    key = f"{what}: {type(e).__name__}"
-                    self.typed[key] = self.typed.get(key, 0) + 1
-                else:
-                    self.untyped.append(f"{what}: {describe(e)}")
+            self.error(what, e)
             return None
         with self.lock:
             self.ok += 1
         return out
+
+    def error(self, what: str, e: BaseException) -> None:
+        with self.lock:
+            if typed(e):
+                key = f"{what}: {type(e).__name__}"
+                self.typed[key] = self.typed.get(key, 0) + 1
+            else:
+                self.untyped.append(f"{what}: {describe(e)}")
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "typed_errors": self.typed, "untyped_errors": self.untyped}
