@@ -93,6 +93,9 @@ def run(args) -> dict:
         t0 = time.monotonic()
         src.mark()
         snap = src.sbx.create_snapshot()
+        while snap.refresh().state == "creating":
+            time.sleep(0.02)
+        t_capture = time.monotonic() - t0
         snap.wait(timeout=300)
         t_snapshot = time.monotonic() - t0
         expect[snap.snapshot_id] = (src.marker, src.token)
@@ -103,10 +106,21 @@ def run(args) -> dict:
         t0 = time.monotonic()
         snap.restore().kill()
         t_restore = time.monotonic() - t0
-        result["calibration_s"] = {"snapshot_to_ready": round(t_snapshot, 2),
+        result["calibration_s"] = {"snapshot_capture": round(t_capture, 2),
+                                   "snapshot_to_ready": round(t_snapshot, 2),
                                    "fork": round(t_fork, 2), "restore": round(t_restore, 2)}
-        print(f"calibration: snapshot->ready {t_snapshot:.2f} s, fork({args.fork}) "
+        print(f"calibration: snapshot capture {t_capture:.2f} s, ->ready {t_snapshot:.2f} s, "
+              f"fork({args.fork}) "
               f"{t_fork:.2f} s, restore {t_restore:.2f} s", flush=True)
+
+        per_op = -(-args.iterations // len(OPS))
+        seen = dict.fromkeys(OPS, 0)
+
+        def point(op: str) -> float:
+            """A random point in [0, 1), stratified: the n-th kill of an operation falls in
+            the n-th of `per_op` equal slices of its duration."""
+            seen[op] += 1
+            return (seen[op] - 1 + rng.random()) / per_op
 
         for i in range(1, args.iterations + 1):
             op = OPS[(i - 1) % len(OPS)]
@@ -123,14 +137,14 @@ def run(args) -> dict:
                     while snap.refresh().state == "creating" and time.monotonic() < deadline:
                         time.sleep(0.02)
                     it["state_at_kill_window"] = snap.state
-                    delay = rng.uniform(0, max(0.05, t_snapshot / 3))
-                else:
-                    delay = rng.uniform(0, t_snapshot)
+                    delay = point(op) * max(0.05, t_snapshot - t_capture)
+                else:  # while it captures (the call returns at once; the capture runs on)
+                    delay = point(op) * t_capture * 1.2
                 call = None
             else:
                 if op == "fork":
                     src.mark()
-                    delay = rng.uniform(0, t_fork)
+                    delay = point(op) * t_fork
 
                     def call(out=outcome, src=src) -> None:
                         kids = src.sbx.fork(args.fork)
@@ -138,7 +152,7 @@ def run(args) -> dict:
                         out["child_errors"] = [describe(e) for e in kids.errors]
                 else:
                     snap_id = rng.choice(sorted(verified))
-                    delay = rng.uniform(0, t_restore)
+                    delay = point(op) * t_restore
 
                     def call(out=outcome, sid=snap_id) -> None:
                         out["restored"] = Snapshot.get(sid, **kw).restore().sandbox_id
@@ -207,6 +221,8 @@ def run(args) -> dict:
     its = result["iterations"]
     result["summary"] = {
         "kills": result["kills"], "seconds": result["seconds"],
+        "snapshot state when killed": {st: sum(it.get("state_at_kill") == st for it in its)
+                                       for st in ("creating", "uploading", "ready")},
         "interrupted snapshots ready / failed": (result["snapshots_ready_after_kill"],
                                                  result["snapshots_failed_after_kill"]),
         "ready snapshots restored with marker and token": len(verified),
