@@ -7,7 +7,9 @@ and made again."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -135,6 +137,7 @@ def disk_fill(lab: Lab, secs: float, report: dict) -> None:
     except SandlotError as e:
         report["command"] = describe(e)
     report["disk_full_mb"] = round(du_mb(disks))
+    report["disk_virtual_mb"] = virtual_mb(disks)
     try:
         r = lab.abuser.commands.run("rm -f /root/fill; sync; fstrim -v / 2>&1; df -m / | tail -1",
                                     timeout=120)
@@ -143,6 +146,17 @@ def disk_fill(lab: Lab, secs: float, report: dict) -> None:
         report["after_rm"] = describe(e)
     time.sleep(2)
     report["disk_after_rm_mb"] = round(du_mb(disks))
+
+
+def virtual_mb(disks: Path) -> int:
+    """The largest virtual size among the qcow2 files of a VM's disk chain."""
+    sizes = [0]
+    for f in disks.glob("*.qcow2"):
+        r = subprocess.run(["qemu-img", "info", "-U", "--output", "json", str(f)],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            sizes.append(json.loads(r.stdout)["virtual-size"] >> 20)
+    return max(sizes)
 
 
 def output_flood(lab: Lab, secs: float, report: dict) -> None:
@@ -255,6 +269,16 @@ def run(args) -> dict:
     if over:
         failures.append(f"the abusive QEMU's RSS went over its cgroup limit {limit_mb} MiB: "
                         f"{max(s['abuser_qemu_rss_mb'] for s in over):.0f}")
+    virtual = phases.get("disk fill", {}).get("disk_virtual_mb") or 0
+    disk_max = max((s["abuser_disk_mb"] for s in lab.samples), default=0)
+    if virtual and disk_max > virtual + 64:
+        failures.append(f"the abusive sandbox's disk grew to {disk_max:.0f} MiB on the host, "
+                        f"past its virtual size {virtual} MiB")
+    flood = [s["server_rss_mb"] for s in lab.samples if s["phase"].startswith("output flood")]
+    before = phases.get("output flood", {}).get("server_rss_before_mb")
+    if flood and before and max(flood) > before + 256:
+        failures.append(f"the server's RSS grew from {before} to {max(flood):.0f} MiB behind a "
+                        "client that does not read")
     result = {"args": vars(args), "seconds": round(time.monotonic() - t_start),
               "idle_true": {**stats_ms(idle), "direct": stats_ms(idle_direct)},
               "victim": victim_rows, "victim_errors": lab.victim_errors, "health": hp,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import secrets
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -47,6 +48,19 @@ def state_of(sbx: Sandbox) -> tuple[str, str]:
     return lines[0], lines[1] if len(lines) > 1 else ""
 
 
+def timed_snapshot(sbx: Sandbox, timing: dict[str, list[float]]) -> Snapshot:
+    """A snapshot, waited for; how long it captured and uploaded go to `timing`."""
+    t0 = time.monotonic()
+    snap = sbx.create_snapshot()
+    while snap.refresh().state == "creating":
+        time.sleep(0.02)
+    t1 = time.monotonic()
+    snap.wait(timeout=300)
+    timing["capture"].append(t1 - t0)
+    timing["upload"].append(time.monotonic() - t1)
+    return snap
+
+
 def verify_restore(kw: dict, snap_id: str, want: tuple[str, str]) -> str | None:
     """Restore `snap_id`; None if it has the marker and token it was taken with, else why."""
     try:
@@ -79,7 +93,7 @@ def run(args) -> dict:
         s3.start()
         env = {**s3.env, "SANDLOT_STORE": s3.url("crash")}
     srv = make_server(root, "k", **env)
-    srv.start()
+    srv.start(timeout=300)  # a new S3 store: the templates are published first
     kw = srv.client_kwargs()
     t_start = time.monotonic()
     expect: dict[str, tuple[str, str]] = {}  # snapshot id -> (marker, token) it must restore
@@ -89,29 +103,26 @@ def run(args) -> dict:
     restarts: list[float] = []
     try:
         src = Source(kw)
-        # Calibrate the random points: one of each operation, uninterrupted.
-        t0 = time.monotonic()
-        src.mark()
-        snap = src.sbx.create_snapshot()
-        while snap.refresh().state == "creating":
-            time.sleep(0.02)
-        t_capture = time.monotonic() - t0
-        snap.wait(timeout=300)
-        t_snapshot = time.monotonic() - t0
-        expect[snap.snapshot_id] = (src.marker, src.token)
-        t0 = time.monotonic()
-        for kid in src.sbx.fork(args.fork):
-            kid.kill()
-        t_fork = time.monotonic() - t0
-        t0 = time.monotonic()
-        snap.restore().kill()
-        t_restore = time.monotonic() - t0
-        result["calibration_s"] = {"snapshot_capture": round(t_capture, 2),
-                                   "snapshot_to_ready": round(t_snapshot, 2),
-                                   "fork": round(t_fork, 2), "restore": round(t_restore, 2)}
-        print(f"calibration: snapshot capture {t_capture:.2f} s, ->ready {t_snapshot:.2f} s, "
-              f"fork({args.fork}) "
-              f"{t_fork:.2f} s, restore {t_restore:.2f} s", flush=True)
+        # Calibrate the random points: two of each operation, uninterrupted; then every
+        # restart's uninterrupted snapshot and restore add to these (the last five count).
+        timing: dict[str, list[float]] = {"capture": [], "upload": [], "fork": [],
+                                          "restore": []}
+        for _ in range(2):
+            src.mark()
+            snap = timed_snapshot(src.sbx, timing)
+            expect[snap.snapshot_id] = (src.marker, src.token)
+            t0 = time.monotonic()
+            for kid in src.sbx.fork(args.fork):
+                kid.kill()
+            timing["fork"].append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            snap.restore().kill()
+            timing["restore"].append(time.monotonic() - t0)
+        result["calibration_s"] = {k: [round(x, 2) for x in v] for k, v in timing.items()}
+        print(f"calibration (s): {result['calibration_s']}", flush=True)
+
+        def typical(what: str) -> float:
+            return statistics.median(timing[what][-5:])
 
         per_op = -(-args.iterations // len(OPS))
         seen = dict.fromkeys(OPS, 0)
@@ -137,14 +148,14 @@ def run(args) -> dict:
                     while snap.refresh().state == "creating" and time.monotonic() < deadline:
                         time.sleep(0.02)
                     it["state_at_kill_window"] = snap.state
-                    delay = point(op) * max(0.05, t_snapshot - t_capture)
+                    delay = point(op) * typical("upload")
                 else:  # while it captures (the call returns at once; the capture runs on)
-                    delay = point(op) * t_capture * 1.2
+                    delay = point(op) * typical("capture") * 1.2
                 call = None
             else:
                 if op == "fork":
                     src.mark()
-                    delay = point(op) * t_fork
+                    delay = point(op) * typical("fork")
 
                     def call(out=outcome, src=src) -> None:
                         kids = src.sbx.fork(args.fork)
@@ -152,7 +163,7 @@ def run(args) -> dict:
                         out["child_errors"] = [describe(e) for e in kids.errors]
                 else:
                     snap_id = rng.choice(sorted(verified))
-                    delay = point(op) * t_restore
+                    delay = point(op) * typical("restore")
 
                     def call(out=outcome, sid=snap_id) -> None:
                         out["restored"] = Snapshot.get(sid, **kw).restore().sandbox_id
@@ -182,7 +193,7 @@ def run(args) -> dict:
             srv.start(timeout=120)
             restarts.append(time.monotonic() - t0)
             it["restart_s"] = round(restarts[-1], 2)
-            it.update(check(kw, srv, src, expect, verified, outcome, failures, it))
+            it.update(check(kw, srv, src, expect, verified, outcome, failures, it, timing))
             if it.get("source") != "running":
                 src = Source(kw)
             result["iterations"].append(it)
@@ -240,7 +251,7 @@ def run(args) -> dict:
 
 
 def check(kw, srv, src: Source, expect, verified: set[str], outcome: dict,
-          failures: list[str], it: dict) -> dict:
+          failures: list[str], it: dict, timing: dict[str, list[float]]) -> dict:
     out: dict = {}
     # 1. Snapshots: none stuck; every new ready one restores with its marker and token.
     for s in Snapshot.list(**kw):
@@ -302,8 +313,10 @@ def check(kw, srv, src: Source, expect, verified: set[str], outcome: dict,
     if out.get("source") == "running":
         src.mark()
         try:
-            snap = src.sbx.create_snapshot().wait(timeout=300)
+            snap = timed_snapshot(src.sbx, timing)
+            t0 = time.monotonic()
             bad = verify_restore(kw, snap.snapshot_id, (src.marker, src.token))
+            timing["restore"].append(time.monotonic() - t0)
             out["next_snapshot"] = "ready" if bad is None else "bad"
             if bad:
                 failures.append(f"it {it['i']}: next snapshot: {bad}")
