@@ -34,6 +34,10 @@ VM_OPS = [  # (method, path regex) of the operations that start or end a VM
     ("POST", "/v1/sandboxes/{sandbox_id}/timeout$"), ("DELETE", "^/v1/sandboxes/{sandbox_id}$"),
 ]
 ST = Path(sys.executable).with_name("schemathesis")
+GUEST_PATHS = ["/tmp", "/tmp/fuzz", "/tmp/fuzz/a.txt", "/tmp/fuzz/dir/b", "/tmp/with space",
+               "/tmp/\u00fcn\u00efc\u00f8d\u00e9", "/tmp/fuzz/" + "x" * 255,
+               "/tmp/fuzz/" + "y" * 300, "/tmp/fuzz/../fuzz/c", "/etc/hostname",
+               "/proc/self/status", "/nonexistent/x", "/root", "/tmp/fuzz/a.txt/under-a-file"]
 
 
 def op_ids(url: str, key: str) -> dict[str, list[str]]:
@@ -64,8 +68,14 @@ def schemathesis(url: str, key: str, out: Path, include: list[str], *, examples:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(ST)]
     if params:
+        # Fixed ids; guest paths drawn from GUEST_PATHS most of the time (the API's path rule,
+        # absolute, is not in the schema: generated paths alone stop at validation).
         cfg = out / "schemathesis.toml"
-        cfg.write_text("[parameters]\n" + "".join(f'"{k}" = "{v}"\n' for k, v in params.items()))
+        cfg.write_text(
+            "[dictionaries.guest_paths]\nvalues = " + json.dumps(GUEST_PATHS) + "\n\n"
+            "[parameters]\n" + "".join(f'"{k}" = "{v}"\n' for k, v in params.items())
+            + "".join(f'"{k}" = {{ dictionary = "guest_paths", probability = 0.7 }}\n'
+                      for k in ("query.path", "body.path", "body.src", "body.dst")))
         cmd += ["--config-file", str(cfg)]
     cmd += ["run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {key}",
             "-c", "not_a_server_error", "-n", str(examples), "--request-timeout", str(timeout),
