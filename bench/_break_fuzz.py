@@ -137,16 +137,16 @@ class Reaper(threading.Thread):
     def __init__(self, kw: dict, keep: set[str]) -> None:
         super().__init__(daemon=True)
         self.kw, self.keep = kw, keep
-        self.killed = 0
+        self.killed: set[str] = set()
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(1.0):
             try:
                 for s in Sandbox.list(**self.kw):
-                    if s.sandbox_id not in self.keep:
+                    if s.sandbox_id not in self.keep | self.killed:
                         Sandbox.connect(s.sandbox_id, **self.kw).kill()
-                        self.killed += 1
+                        self.killed.add(s.sandbox_id)
             except SandlotError:
                 pass
 
@@ -184,7 +184,7 @@ def run(args) -> dict:
                                     phases="fuzzing", rate="30/m", **common)
         reaper.done.set()
         reaper.join(30)
-        passes["vm"]["reaped"] = reaper.killed
+        passes["vm"]["reaped"] = len(reaper.killed)
         print(f"vm: {summary_of(passes['vm'])}", flush=True)
         for s in Sandbox.list(**kw):
             Sandbox.connect(s.sandbox_id, **kw).kill()
