@@ -103,11 +103,11 @@ def run(args) -> dict:
     restarts: list[float] = []
     try:
         src = Source(kw)
-        # Calibrate the random points: two of each operation, uninterrupted; then every
+        # Calibrate the random points: each operation, uninterrupted (`--calibrate` times); every
         # restart's uninterrupted snapshot and restore add to these (the last five count).
         timing: dict[str, list[float]] = {"capture": [], "upload": [], "fork": [],
                                           "restore": []}
-        for _ in range(2):
+        for _ in range(args.calibrate):
             src.mark()
             snap = timed_snapshot(src.sbx, timing)
             expect[snap.snapshot_id] = (src.marker, src.token)

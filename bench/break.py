@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     crash.add_argument("--fork", type=int, default=2, help="children per fork")
     crash.add_argument("--seed", type=int, default=16)
     crash.add_argument("--s3", action="store_true", help="the store on S3 (SeaweedFS)")
+    crash.add_argument("--calibrate", type=int, default=2,
+                       help="uninterrupted runs of each step that time it first")
 
     conc = sub.add_parser("concurrency", help="creates at once, forks during a snapshot, "
                           "a snapshot deleted while it is restored")

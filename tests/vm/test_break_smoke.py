@@ -20,7 +20,8 @@ def test_crash_loop_smoke(tmp_path):
         pytest.fail("the base template is not built: run `make setup`")
     out = tmp_path / "crash.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "break.py"), "crash",
-                           "--iterations", "2", "--json", str(out)],
+                           "--iterations", "2", "--fork", "1", "--calibrate", "1",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
