@@ -79,7 +79,8 @@ def schemathesis(url: str, key: str, out: Path, include: list[str], *, examples:
         cmd += ["--config-file", str(cfg)]
     cmd += ["run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {key}",
             "-c", "not_a_server_error", "-n", str(examples), "--request-timeout", str(timeout),
-            "--seed", str(seed), "-w", "1", "--no-color", "--report", "har,ndjson",
+            "--seed", str(seed), "-w", "1", "--no-color", "--generation-database", "none",
+            "--report", "har,ndjson",
             "--report-har-path", str(out / "har.json"),
             "--report-ndjson-path", str(out / "events.ndjson")]
     for oid in include:
