@@ -90,7 +90,7 @@ def schemathesis(url: str, key: str, out: Path, include: list[str], *, examples:
     if rate:
         cmd += ["--rate-limit", rate]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)  # its caches go there
     (out / "stdout.txt").write_text(proc.stdout + proc.stderr)
     shown = " ".join(c if " " not in c else repr(c) for c in cmd).replace(key, "$KEY")
     return {"command": shown, "exit": proc.returncode, "seconds": round(time.monotonic() - t0),
