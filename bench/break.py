@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                         "bench/results/break-<loop>.json)")
     args = p.parse_args(argv)
 
-    loops = ["crash", "concurrency", "abuse", "fuzz"] if args.loop == "all" else [args.loop]
+    every = args.loop == "all"
+    loops = ["crash", "concurrency", "abuse", "fuzz"] if every else [args.loop]
     bad = 0
     for loop in loops:
-        if args.loop == "all":
+        if every:
             args = p.parse_args([loop])
         result = run(loop, args)
         path = write_result(loop, result, getattr(args, "json", None))
