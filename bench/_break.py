@@ -212,6 +212,24 @@ def stats_ms(xs: list[float]) -> dict:
             "max_ms": round(1000 * xs[-1], 1)}
 
 
+def server_exceptions(log_path: Path) -> list[str]:
+    """Unhandled exceptions in a server's log (an ASGI application's, a task's nobody
+    awaited), each as its last line: a request can fail this way after its status went out,
+    so no status code shows it."""
+    out: list[str] = []
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for i, line in enumerate(lines):
+        if "Exception in ASGI application" in line or "exception was never retrieved" in line:
+            for follow in lines[i + 1:i + 400]:
+                if follow and not follow.startswith((" ", "Traceback", "The above", "During")):
+                    out.append(f"{line.strip()[:60]} -> {follow.strip()[:200]}")
+                    break
+    return out
+
+
 def write_result(name: str, result: dict, path: str | None = None) -> Path:
     out = Path(path) if path else RESULTS / f"break-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _break import write_result  # noqa: E402
+from _break import server_exceptions, write_result  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         if every:
             args = p.parse_args([loop])
         result = run(loop, args)
+        if result.get("server_log"):
+            errors = server_exceptions(Path(result["server_log"]))
+            result["server_exceptions"] = errors
+            if errors:
+                result["failures"].append(f"{len(errors)} unhandled exceptions in the server's "
+                                          f"log: {sorted(set(errors))[:5]}")
+            result.setdefault("summary", {})["unhandled server exceptions"] = len(errors)
         path = write_result(loop, result, getattr(args, "json", None))
         summary = result.get("summary", {})
         print(f"\n== {loop}: {json.dumps(summary, indent=1, default=str)}")
