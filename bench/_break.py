@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import threading
@@ -32,6 +33,14 @@ def make_server(root: Path, tag: str, **env: str) -> ServerProcess:
     srv = ServerProcess.in_dir(root, f"{tag}{os.getpid()}", key="sl_break_" + secrets.token_hex(8))
     srv.extra_env.update({"SANDLOT_POOL_SIZE": "0", **env})
     return srv
+
+
+def finish(srv: ServerProcess, keep: bool = False) -> None:
+    """Stop the server and remove what it left (VMs, run dir, tmpfs files); unless `keep`,
+    its data dir too (disks, the store: a few hundred MB). Its log stays."""
+    srv.close()
+    if not keep:
+        shutil.rmtree(srv.data_dir, ignore_errors=True)
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from _break import (
     HealthPoller,
     describe,
     du_mb,
+    finish,
     make_server,
     mem_available_mb,
     orphans,
@@ -230,7 +231,7 @@ def run(args) -> dict:
             left = orphans(srv, kw)
         except SandlotError as e:
             left = {"error": [describe(e)]}
-        srv.close()
+        finish(srv, args.keep)
     if left:
         failures.append(f"left over after both sandboxes were killed: {left}")
     if hp["failures"]:

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from _break import Calls, describe, make_server, orphans, stats_ms
+from _break import Calls, describe, finish, make_server, orphans, stats_ms
 from _break_crash import Source, state_of
 from sandlot import NotFoundError, Sandbox, SandlotError, Snapshot
 
@@ -220,7 +220,7 @@ def run(args) -> dict:
         result["final"] = {"ready_snapshots": len(ready), "restore_failures": lost,
                            "orphans": left}
     finally:
-        srv.close()
+        finish(srv, args.keep)
     fr, dr = result.get("forks_during_snapshot", []), result.get("delete_during_restore", [])
     result.update({"args": vars(args), "seconds": round(time.monotonic() - t_start),
                    "failures": failures, "server_log": str(srv.log_path)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import shutil
 import signal
 import statistics
 import tempfile
@@ -15,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from _break import census, describe, make_server, orphans, typed
+from _break import census, describe, finish, make_server, orphans, typed
 from sandlot import NotFoundError, Sandbox, SandlotError, Snapshot
 
 OPS = ("snapshot", "upload", "fork", "restore")
@@ -221,9 +222,11 @@ def run(args) -> dict:
         if left:
             failures.append(f"after kill-all and a clean stop: {left}")
     finally:
-        srv.close()
+        finish(srv, args.keep)
         if s3 is not None:
             s3.stop()
+            if not args.keep:
+                shutil.rmtree(s3.root / "data", ignore_errors=True)
     states = [it.get("snapshot_after") for it in result["iterations"] if "snapshot_after" in it]
     result.update({
         "args": vars(args), "store": "s3 (SeaweedFS)" if args.s3 else "local directory",

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from _break import describe, make_server, orphans
+from _break import describe, finish, make_server, orphans
 from sandlot import Sandbox, SandlotError
 
 VM_OPS = [  # (method, path regex) of the operations that start or end a VM
@@ -196,7 +196,7 @@ def run(args) -> dict:
         failures.append(f"the loop itself: {describe(e)}")
         left, alive_health = {}, False
     finally:
-        srv.close()
+        finish(srv, args.keep)
     for name, p in passes.items():
         if p["responses_500"]:
             failures.append(f"{name}: {p['responses_500']} responses 500: "

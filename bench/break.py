@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     for sp in (crash, conc, abuse, fuzz):
         sp.add_argument("--json", help="where to write the result (default "
                         "bench/results/break-<loop>.json)")
+        sp.add_argument("--keep", action="store_true",
+                        help="keep the server's data dir (disks, store) after the run")
     args = p.parse_args(argv)
 
     every = args.loop == "all"
