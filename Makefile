@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 PORT ?= 7070
 
-.PHONY: setup demo serve test test-unit test-ts docs-ts lint bench bench-quick clean
+.PHONY: setup demo serve test test-unit test-ts docs-ts lint bench bench-quick break clean
 
 setup:
 	@scripts/setup.sh
@@ -35,6 +35,10 @@ bench: setup
 
 bench-quick: setup
 	$(VENV)/python bench/run.py --quick --json bench/results/quick.json
+
+# The loops that try to break sandlot (docs/security.md): crash, concurrency, abuse, fuzz.
+break: setup
+	$(VENV)/python bench/break.py all
 
 clean:
 	rm -rf .stamps
