@@ -103,3 +103,19 @@ def test_a_stalled_file_reader_does_not_stall_the_sandbox(box):
         assert answers == ["alive\nx"], "the sandbox stalled behind an unread file"
         got += sum(len(c) for c in chunks)
     assert got == size
+
+
+def test_files_whose_size_is_no_promise_read_whole(box):
+    """/proc files report size 0; a file that grows while it is read reports what it was:
+    reads go to the end the guest finds, and the connection stays usable."""
+    assert "processor" in box.files.read("/proc/cpuinfo")
+    box.commands.run("(for i in $(seq 400); do head -c 4096 /dev/zero >> /tmp/grow; "
+                     "sleep 0.01; done) >/dev/null 2>&1 &")
+    deadline = time.monotonic() + 30
+    while not box.files.exists("/tmp/grow"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for _ in range(5):
+        data = box.files.read("/tmp/grow", format="bytes")
+        assert len(data) % 4096 == 0 and set(data) <= {0}
+    assert box.commands.run("echo still here").stdout == "still here\n"

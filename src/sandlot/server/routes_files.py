@@ -25,9 +25,10 @@ class RenameBody(BaseModel):
 @router.get("", response_class=StreamingResponse, responses={
     200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."}})
 async def download(sandbox_id: str, path: str, request: Request) -> StreamingResponse:
-    size, chunks = await core(request).files.read(sandbox_id, path)
-    return StreamingResponse(chunks, media_type="application/octet-stream",
-                             headers={"content-length": str(size)})
+    """The file's bytes as the guest reads them to its end (chunked: the size the guest
+    reported is no promise: /proc files say 0, a growing file says what it was)."""
+    _size, chunks = await core(request).files.read(sandbox_id, path)
+    return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 @router.put("", response_model=FileInfo)

@@ -34,9 +34,8 @@ async def download(ctx: Envd, request: Request) -> Response:
     if not path:
         raise InvalidArgumentError("the path query parameter is required")
     path = resolve(path, _user(ctx, request))
-    size, chunks = await ctx.core.files.read(ctx.sandbox_id, path)
-    return StreamingResponse(chunks, media_type="application/octet-stream",
-                             headers={"content-length": str(size)})
+    _size, chunks = await ctx.core.files.read(ctx.sandbox_id, path)  # to its end: chunked
+    return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 async def _gunzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
