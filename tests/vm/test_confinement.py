@@ -58,9 +58,10 @@ def test_qemu_runs_unprivileged_under_seccomp_in_a_cgroup(sandbox_factory, serve
     assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
     assert int(status(other_pid)["Uid"].split()[0]) not in (0, uid)  # a uid each
 
-    # Its limits: guest RAM plus QEMU's own, processes, and its vCPUs' worth of CPU.
+    # Its limits: guest RAM (twice: its image's pages and its own) plus QEMU's own,
+    # processes, and its vCPUs' worth of CPU.
     assert int(limit(pid, ("memory", "memory.limit_in_bytes"), "memory.max")) == \
-        (1024 + QEMU_OVERHEAD_MB) << 20
+        (2 * 1024 + QEMU_OVERHEAD_MB) << 20
     assert int(limit(pid, ("pids", "pids.max"), "pids.max")) > 0
     quota = limit(pid, ("cpu", "cpu.cfs_quota_us"), "cpu.max").split()[0]
     assert int(quota) == 200_000
