@@ -18,7 +18,8 @@ def main() -> None:
                          "open(\"/tmp/token\",\"w\").write(os.urandom(4).hex()); "
                          "time.sleep(10**6)' >/dev/null 2>&1 &")
         sbx.files.write("/home/user/state.txt", "baseline\n")
-        token = sbx.commands.run("sleep 0.5; cat /tmp/token").stdout
+        token = sbx.commands.run("for i in $(seq 100); do [ -s /tmp/token ] && break; "
+                                 "sleep 0.1; done; cat /tmp/token").stdout
         print(f"a background process wrote token {token}")
 
         t = time.perf_counter()
