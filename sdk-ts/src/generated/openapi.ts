@@ -295,7 +295,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Download */
+        /**
+         * Download
+         * @description The file's bytes as the guest reads them to its end (chunked: the size the guest
+         *     reported is no promise: /proc files say 0, a growing file says what it was).
+         */
         get: operations["download_v1_sandboxes__sandbox_id__files_get"];
         /**
          * Upload
