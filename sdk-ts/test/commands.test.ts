@@ -110,7 +110,8 @@ describe("commands", { skip: noServer }, () => {
   });
 
   it("a background handle is an async iterable of its output, replayed from the start", async () => {
-    const handle = await sbx.commands.start("echo a; sleep 0.3; echo b >&2; echo c");
+    // stdout and stderr are two pipes: their order holds only across a pause.
+    const handle = await sbx.commands.start("echo a; sleep 0.3; echo b >&2; sleep 0.3; echo c");
     const chunks: OutputChunk[] = [];
     for await (const chunk of handle) chunks.push(chunk);
     assert.deepEqual(
