@@ -1,4 +1,4 @@
-"""One stream never holds up the link: the real agent (in process, its commands run on this
+"""One stream never holds up the link: the real agent (the Go binary, its commands run on this
 host) and the real host client over a socket pair. A command whose output nobody reads waits
 for the host's credits (agent cap `output_credit`) while other requests on the same link are
 answered at once; with an agent that pushes output (no credits), the unread stream fails
@@ -7,72 +7,38 @@ alone once its bounded inbox is full. Listings are bounded by the agent (`list_l
 from __future__ import annotations
 
 import asyncio
-import importlib
-import socket
-import sys
-import threading
 import time
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
+from guestkit import AgentProcess
 
 from sandlot.errors import GuestError, InvalidArgumentError
 from sandlot.guest import client as client_mod
 from sandlot.guest.client import AgentClient, LinkState, Output, Started
 
-GUEST = Path(__file__).resolve().parents[2] / "src" / "sandlot" / "guest"
 BIG = 40_000_000  # bytes of output: far more than the host keeps for one stream
 
 
-class SocketChannel:
-    """The agent's channel over a socket; a thread feeds what arrives to the agent."""
+@pytest.fixture
+async def linked() -> AsyncIterator:
+    """`await linked(*agent_args)`: a ready client of a new agent process."""
+    made: list[tuple[AgentProcess, AgentClient]] = []
 
-    def __init__(self, sock: socket.socket, wire) -> None:
-        self.sock = sock
-        self.wire = wire
-        self.lock = threading.Lock()
+    async def link(*args: str) -> AgentClient:
+        agent = AgentProcess(*args)
+        reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
+        client = AgentClient(reader, writer)
+        client._task = asyncio.create_task(client._read_loop())
+        made.append((agent, client))
+        await client._handshake(5.0, None)
+        client.state = LinkState.READY
+        return client
 
-    def send(self, header: dict, payload: bytes = b"") -> None:
-        data = self.wire.encode(header, payload)
-        with self.lock:
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                pass
-
-    def serve(self, agent) -> None:
-        decoder = self.wire.FrameDecoder()
-        while True:
-            try:
-                data = self.sock.recv(1 << 20)
-            except OSError:
-                return
-            if not data:
-                return
-            for header, payload in decoder.feed(data):
-                agent.handle(header, payload)
-
-
-@pytest.fixture(scope="module")
-def agent_module():
-    sys.path.insert(0, str(GUEST))
-    try:
-        yield importlib.import_module("agent")
-    finally:
-        sys.path.remove(str(GUEST))
-
-
-async def linked(agent_module) -> AgentClient:
-    host, guest = socket.socketpair()
-    chan = SocketChannel(guest, sys.modules["wire"])
-    agent = agent_module.Agent(chan)
-    threading.Thread(target=chan.serve, args=(agent,), daemon=True).start()
-    reader, writer = await asyncio.open_unix_connection(sock=host, limit=8 << 20)
-    client = AgentClient(reader, writer)
-    client._task = asyncio.create_task(client._read_loop())
-    await client._handshake(5.0, None)
-    client.state = LinkState.READY
-    return client
+    yield link
+    for agent, client in made:
+        await client.close()
+        agent.close()
 
 
 async def others_answer_promptly(client: AgentClient) -> None:
@@ -84,8 +50,8 @@ async def others_answer_promptly(client: AgentClient) -> None:
         assert time.monotonic() - t0 < 3
 
 
-async def test_unread_output_waits_for_credit_and_holds_up_nothing_else(agent_module) -> None:
-    client = await linked(agent_module)
+async def test_unread_output_waits_for_credit_and_holds_up_nothing_else(linked) -> None:
+    client = await linked()
     assert client.has_cap("output_credit")
     try:
         events = client.exec(f"head -c {BIG} /dev/zero")
@@ -104,11 +70,9 @@ async def test_unread_output_waits_for_credit_and_holds_up_nothing_else(agent_mo
 
 
 async def test_an_agent_without_credits_fails_only_the_unread_stream(
-        agent_module, monkeypatch) -> None:
-    monkeypatch.setattr(agent_module, "CAPS", [c for c in agent_module.CAPS
-                                               if c != "output_credit"])
+        linked, monkeypatch) -> None:
     monkeypatch.setattr(client_mod, "INBOX_BYTES", 4 << 20)
-    client = await linked(agent_module)
+    client = await linked("-without-cap", "output_credit")
     assert not client.has_cap("output_credit")
     try:
         events = client.exec(f"head -c {BIG} /dev/zero")
@@ -123,10 +87,10 @@ async def test_an_agent_without_credits_fails_only_the_unread_stream(
         await client.close()
 
 
-async def test_listing_is_bounded_by_the_agent(agent_module, tmp_path) -> None:
+async def test_listing_is_bounded_by_the_agent(linked, tmp_path) -> None:
     for i in range(30):
         (tmp_path / f"f{i:02}").write_text("x")
-    client = await linked(agent_module)
+    client = await linked()
     try:
         assert len(await client.list_dir(str(tmp_path), 1, max_entries=30)) == 30
         with pytest.raises(InvalidArgumentError, match="listing too large"):

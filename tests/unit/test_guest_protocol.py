@@ -1,59 +1,38 @@
 """Host and guest agree on the protocol: guest/protocol.py names every op and field; the agent
-has exactly those handlers and answers with those fields; the host client sends only those and
-parses the answers; docs/guest-protocol.md lists the same table. The agent runs here in
-process, on a temp directory, with a channel that records its frames (only ops that are safe on
-the host: no clock or RNG changes)."""
+(the Go binary, src/sandlot/guest/go) has exactly those handlers and answers with those fields;
+the host client sends only those and parses the answers; docs/guest-protocol.md lists the same
+table. The agent runs here on a socket pair, on a temp directory (only ops that are safe on the
+host: no clock or RNG changes)."""
 
 from __future__ import annotations
 
-import importlib
-import queue
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from guestkit import AgentProcess, describe
 
 from sandlot.guest import client, protocol
 from sandlot.guest.protocol import ENTRY_FIELDS, EXIT_FIELDS, OPS, PROCESS_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
-GUEST = ROOT / "src" / "sandlot" / "guest"
-
-
-class Recorder:
-    """The agent's channel: every frame it sends lands in a queue."""
-
-    def __init__(self) -> None:
-        self.frames: queue.Queue = queue.Queue()
-
-    def send(self, header: dict, payload: bytes = b"") -> None:
-        self.frames.put((header, payload))
-
-
-@pytest.fixture(scope="module")
-def agent_module():
-    sys.path.insert(0, str(GUEST))
-    try:
-        yield importlib.import_module("agent")
-    finally:
-        sys.path.remove(str(GUEST))
 
 
 @pytest.fixture
-def agent(agent_module):
-    chan = Recorder()
-    return agent_module.Agent(chan), chan
+def agent():
+    proc = AgentProcess()
+    proc.start_reading()
+    yield proc
+    proc.close()
 
 
-def ask(agent_and_chan, op: str, payload: bytes = b"", **fields) -> list[tuple[dict, bytes]]:
+def ask(agent: AgentProcess, op: str, payload: bytes = b"", **fields) -> list[tuple[dict, bytes]]:
     """Send one request; the frames of its answer, up to the terminal one."""
-    agent, chan = agent_and_chan
     rid = 7
-    agent.handle(protocol.request_header(rid, op, fields), payload)
+    agent.send(protocol.request_header(rid, op, fields), payload)
     frames = []
     while True:
-        header, data = chan.frames.get(timeout=10)
+        header, data = agent.frames.get(timeout=10)
         assert header["id"] == rid
         frames.append((header, data))
         if "error" in header or header.get("event") == "exit" or (
@@ -65,8 +44,10 @@ def reply_fields(header: dict) -> set[str]:
     return set(header) - {"id", "ok", "event"}
 
 
-def test_agent_handles_exactly_the_protocol_ops(agent) -> None:
-    assert set(agent[0].handlers) == set(OPS)
+def test_agent_handles_exactly_the_protocol_ops() -> None:
+    described = describe()
+    assert set(described["ops"]) == set(OPS)
+    assert described["proto"] == protocol.PROTO_VERSION
 
 
 def test_client_has_a_method_for_every_op() -> None:
@@ -101,11 +82,10 @@ def test_file_ops_answer_the_declared_fields(agent, tmp_path) -> None:
     assert reply_fields(made) <= set(OPS["mkdir"].reply) and made["created"] is True
     client.FileEntry.parse(made)
 
-    a = agent[0]
-    a.handle(protocol.request_header(9, "write", {"path": f"{d}/sub/f.txt"}), b"hel")
-    a.handle({"id": 9, "op": "chunk"}, b"lo")
-    a.handle({"id": 9, "op": "end"}, b"")
-    written = agent[1].frames.get(timeout=10)[0]
+    agent.send(protocol.request_header(9, "write", {"path": f"{d}/sub/f.txt"}), b"hel")
+    agent.send({"id": 9, "op": "chunk"}, b"lo")
+    agent.send({"id": 9, "op": "end"}, b"")
+    written = agent.frames.get(timeout=10)[0]
     assert reply_fields(written) <= set(ENTRY_FIELDS)
     assert client.FileEntry.parse(written).size == 5
 

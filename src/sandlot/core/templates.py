@@ -27,7 +27,9 @@ from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundErro
 from sandlot.images import initramfs as initramfs_mod
 from sandlot.images.initramfs import build_initramfs
 from sandlot.images.kernel import ensure_kernel
-from sandlot.images.rootfs import build_rootfs, guest_sources_hash_input
+from sandlot.images.guest import build_guest
+from sandlot.images.guest import hash_input as guest_hash_input
+from sandlot.images.rootfs import build_rootfs
 from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
 from sandlot.runtime.base import Image, MachineDescription, MachinePlan, Runtime
 from sandlot.vmm.machine import DEVICE_MODEL
@@ -112,8 +114,8 @@ def resolve_spec(spec_or_name: str) -> TemplateSpec:
         f"unknown template {spec_or_name!r}: give 'base' or the path of a .toml spec")
 
 
-def _content_hash(spec: TemplateSpec) -> str:
-    extra = guest_sources_hash_input() + initramfs_mod.INIT_SCRIPT.encode()
+def _content_hash(spec: TemplateSpec, guest_files: dict[str, Path]) -> str:
+    extra = guest_hash_input(guest_files) + initramfs_mod.INIT_SCRIPT.encode()
     extra += f"device-model={DEVICE_MODEL}".encode()  # includes the kernel command line
     extra += f"machine={qemu_info().default_q35}".encode()
     extra += " ".join(initramfs_mod.MODULES).encode()
@@ -142,7 +144,10 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
                      disable=quiet, transient=False) as progress:
         step = progress.add_task(f"template {spec.name}: kernel", total=None)
         kernel = ensure_kernel(store.root / "kernel")
-        digest = _content_hash(spec) + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
+        progress.update(step, description=f"template {spec.name}: guest agent and init")
+        guest_files = build_guest(store.root / "guest")
+        digest = (_content_hash(spec, guest_files) + "-"
+                  + hashlib.sha256(kernel.version.encode()).hexdigest()[:4])
         build = store.builds / digest
         done = build / "template.json"
         if done.exists() and (build / "image").is_dir() and not force:
@@ -158,7 +163,7 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
                 build_initramfs(kernel, build / "initramfs.gz")
                 progress.update(step, description=f"template {spec.name}: root filesystem "
                                 f"({len(spec.packages)} extra packages)")
-                build_rootfs(spec, build / "rootfs.ext4", kernel)
+                build_rootfs(spec, build / "rootfs.ext4", kernel, guest_files)
                 progress.update(step, description=f"template {spec.name}: boot and snapshot")
                 plan = MachinePlan(cpus=spec.cpus, memory_mb=spec.memory_mb, env=dict(spec.env))
                 image, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))

@@ -1,5 +1,5 @@
 """Root filesystem: mmdebstrap a minbase bookworm with the spec's packages, customize it in a
-chroot, install sandlot's guest init and agent, and pack it as an ext4 image (no loop mounts)."""
+chroot, install sandlot's guest init and agent (static binaries), and pack it as an ext4 image (no loop mounts)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,6 @@ from sandlot.errors import BuildError
 from sandlot.images._run import run
 from sandlot.images.kernel import Kernel
 from sandlot.images.spec import BASE_PACKAGES, TemplateSpec
-
-GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
-GUEST_FILES = {
-    "/opt/sandlot/agent.py": GUEST_DIR / "agent.py",
-    "/opt/sandlot/wire.py": GUEST_DIR / "wire.py",
-    "/opt/sandlot/protocol.py": GUEST_DIR / "protocol.py",
-    "/sbin/sandlot-init": GUEST_DIR / "init.py",
-}
-
 
 log = logging.getLogger(__name__)
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -41,15 +32,13 @@ def host_apt_sources() -> list[str]:
     return found
 
 
-def guest_sources_hash_input() -> bytes:
-    return b"".join(p.read_bytes() for p in GUEST_FILES.values())
-
-
 def _hook(cmd: str) -> str:
     return f"--customize-hook={cmd}"
 
 
-def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
+def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel,
+                 guest_files: dict[str, Path]) -> None:
+    """`guest_files`: guest path -> host file of sandlot's own programs (images/guest.py)."""
     packages = sorted(set(BASE_PACKAGES + spec.packages))
     chroot = 'chroot "$1"'
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
@@ -60,7 +49,7 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel) -> None:
         _hook(f'cp -a {shlex.quote(str(kernel.modules))} "$1/lib/modules/{kernel.version}"'),
         _hook(f'{chroot} depmod {kernel.version}'),
     ]
-    for guest, host in GUEST_FILES.items():
+    for guest, host in guest_files.items():
         hooks.append(_hook(f'install -m 0755 {shlex.quote(str(host))} "$1{guest}"'))
     if spec.pip:
         # pip in the chroot trusts what the host trusts (the host may sit behind a TLS proxy

@@ -14,7 +14,7 @@ from sandlot.errors import InvalidArgumentError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # Bump when the build steps change in a way the spec does not show.
-BUILDER_VERSION = "4"  # 4: boot image of changed pages + device state, kept in builds/<hash>/image
+BUILDER_VERSION = "5"  # 5: the guest agent and init are static Go binaries
 BASE_PACKAGES = [
     "python3", "python3-pip", "python3-venv", "bash", "coreutils", "procps", "iproute2",
     "ca-certificates", "curl", "sudo", "less", "kmod",

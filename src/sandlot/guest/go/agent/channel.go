@@ -1,0 +1,103 @@
+package main
+
+import (
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"sandlot/guest/wire"
+)
+
+// channel is the virtio-serial port, non-blocking: writes under a lock, reads in the main
+// loop. A read of the port returns at most one 4 KiB virtqueue buffer, so the reader uses
+// readv with many buffers: one system call drains everything the host has queued (the port is
+// non-blocking, so readv stops at the first empty buffer instead of waiting).
+type channel struct {
+	fd        int
+	exitOnEOF bool // a test's socket: the host closing it ends the agent
+	mu        sync.Mutex
+	bufs      [][]byte
+	iov       []syscall.Iovec
+}
+
+const readBuffers = 256
+
+type pollFd struct {
+	fd      int32
+	events  int16
+	revents int16
+}
+
+func poll(fd int, events int16, timeout time.Duration) {
+	p := pollFd{fd: int32(fd), events: events}
+	syscall.Syscall(syscall.SYS_POLL, uintptr(unsafe.Pointer(&p)), 1,
+		uintptr(timeout.Milliseconds()))
+}
+
+// send writes one frame; while no host is connected it waits for one to come back.
+func (c *channel) send(header map[string]any, payload []byte) error {
+	data, err := wire.Encode(header, payload)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(data) > 0 {
+		n, err := syscall.Write(c.fd, data)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			poll(c.fd, pollOut, 100*time.Millisecond)
+			continue
+		case err != nil:
+			if c.exitOnEOF {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond) // host away: wait for it to come back
+			continue
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+const (
+	pollIn  = 0x1
+	pollOut = 0x4
+)
+
+// recv returns whatever the host has sent; nothing when no host is connected.
+func (c *channel) recv() []byte {
+	if c.bufs == nil {
+		c.bufs = make([][]byte, readBuffers)
+		c.iov = make([]syscall.Iovec, readBuffers)
+		for i := range c.bufs {
+			c.bufs[i] = make([]byte, 4096)
+			c.iov[i].Base = &c.bufs[i][0]
+			c.iov[i].SetLen(4096)
+		}
+	}
+	for {
+		poll(c.fd, pollIn, time.Second)
+		n, _, errno := syscall.Syscall(syscall.SYS_READV, uintptr(c.fd),
+			uintptr(unsafe.Pointer(&c.iov[0])), uintptr(len(c.iov)))
+		if errno == syscall.EAGAIN || errno == syscall.EINTR {
+			continue
+		}
+		if errno != 0 || n == 0 {
+			return nil
+		}
+		out := make([]byte, 0, n)
+		for i := 0; n > 0; i++ {
+			k := int(n)
+			if k > 4096 {
+				k = 4096
+			}
+			out = append(out, c.bufs[i][:k]...)
+			n -= uintptr(k)
+		}
+		return out
+	}
+}

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"sandlot/guest/wire"
+)
+
+// needPath is an absolute path field, normalized as posixpath.normpath does.
+func needPath(h wire.Header, key string) (string, error) {
+	path, ok := h.Str(key)
+	if !ok || !strings.HasPrefix(path, "/") || strings.ContainsRune(path, 0) {
+		return "", invalid("%s must be an absolute path", key)
+	}
+	clean := filepath.Clean(path)
+	if strings.HasPrefix(path, "//") && !strings.HasPrefix(path, "///") && clean != "/" {
+		clean = "/" + clean // POSIX keeps exactly two leading slashes
+	}
+	return clean, nil
+}
+
+func pathErr(op, path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &os.PathError{Op: op, Path: path, Err: err}
+}
+
+// entry describes one file system entry (symlinks not followed).
+func entry(path string) (map[string]any, error) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return nil, pathErr("lstat", path, err)
+	}
+	kind := "other"
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		kind = "dir"
+	case syscall.S_IFLNK:
+		kind = "symlink"
+	case syscall.S_IFREG:
+		kind = "file"
+	}
+	owner := strconv.Itoa(int(st.Uid))
+	if pw, ok := userByUID(int(st.Uid)); ok {
+		owner = pw.name
+	}
+	name := filepath.Base(path)
+	if path == "/" || path == "//" {
+		name = "/"
+	}
+	out := map[string]any{
+		"name": name, "path": path, "type": kind, "size": st.Size,
+		"mode":  st.Mode & 0o7777,
+		"owner": owner,
+		"mtime": float64(st.Mtim.Sec) + float64(st.Mtim.Nsec)/1e9,
+	}
+	if kind == "symlink" {
+		target, err := os.Readlink(path)
+		if err != nil {
+			return nil, err
+		}
+		out["target"] = target
+	}
+	return out, nil
+}
+
+func (a *agent) opRead(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	if isDir(path) {
+		return nil, invalid("%s: is a directory", path)
+	}
+	window, _, _ := h.Int("window")
+	var c *credits
+	if window > 0 {
+		c = newCredits(window)
+		a.setRead(rid, c)
+	}
+	defer a.dropRead(rid)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	a.ch.send(map[string]any{"id": rid, "event": "begin", "size": st.Size()}, nil)
+	for {
+		if c != nil && !c.take() {
+			return nil, invalid("read cancelled by the host")
+		}
+		buf := make([]byte, wire.ChunkSize)
+		n, err := io.ReadFull(f, buf)
+		if n > 0 {
+			a.ch.send(map[string]any{"id": rid, "event": "data"}, buf[:n])
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return reply{"end": true}, nil
+}
+
+// upload is a `write` in progress: its chunks arrive as frames of their own.
+type upload struct {
+	f     *os.File
+	tmp   string
+	path  string
+	owner *[2]int
+	mode  *int64
+}
+
+func (a *agent) opWrite(rid int64, h wire.Header, payload []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	if isDir(path) {
+		return nil, invalid("%s: is a directory", path)
+	}
+	owner, err := userIDs(h)
+	if err != nil {
+		return nil, err
+	}
+	var mode *int64
+	if h.Has("mode") {
+		if _, ok := h.Raw("mode"); ok {
+			m, _, err := h.Int("mode")
+			if err != nil {
+				return nil, invalid("mode must be a number")
+			}
+			mode = &m
+		}
+	}
+	if err := makeDirs(filepath.Dir(path), owner); err != nil {
+		return nil, err
+	}
+	tmp := path + ".sandlot-" + strconv.FormatInt(rid, 10) + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
+	if err != nil {
+		return nil, err
+	}
+	up := &upload{f: f, tmp: tmp, path: path, owner: owner, mode: mode}
+	if len(payload) > 0 {
+		if _, err := f.Write(payload); err != nil {
+			f.Close()
+			os.Remove(tmp)
+			return nil, err
+		}
+	}
+	a.uploadsMu.Lock()
+	a.uploads[rid] = up
+	a.uploadsMu.Unlock()
+	if h.Truthy("eof") {
+		a.uploadFrame(rid, up, "end", nil)
+	}
+	return nil, nil
+}
+
+func (a *agent) uploadFrame(rid int64, up *upload, op string, payload []byte) {
+	err := func() error {
+		if op == "chunk" {
+			_, err := up.f.Write(payload)
+			return err
+		}
+		a.uploadsMu.Lock()
+		delete(a.uploads, rid)
+		a.uploadsMu.Unlock()
+		if err := up.f.Close(); err != nil {
+			return err
+		}
+		if up.mode != nil {
+			if err := syscall.Chmod(up.tmp, uint32(*up.mode)); err != nil {
+				return pathErr("chmod", up.tmp, err)
+			}
+		}
+		if up.owner != nil {
+			if err := os.Chown(up.tmp, up.owner[0], up.owner[1]); err != nil {
+				return err
+			}
+		}
+		if err := syscall.Rename(up.tmp, up.path); err != nil {
+			return pathErr("rename", up.tmp, err)
+		}
+		e, err := entry(up.path)
+		if err != nil {
+			return err
+		}
+		e["id"] = rid
+		e["ok"] = true
+		a.ch.send(e, nil)
+		return nil
+	}()
+	if err != nil {
+		a.uploadsMu.Lock()
+		delete(a.uploads, rid)
+		a.uploadsMu.Unlock()
+		up.f.Close()
+		os.Remove(up.tmp)
+		var errno syscall.Errno
+		msg := err.Error()
+		if errors.As(err, &errno) {
+			msg = strerror(errno)
+		}
+		a.replyError(rid, "invalid", up.path+": "+msg)
+	}
+}
+
+// dropUploads forgets the uploads of a session that ended.
+func (a *agent) dropUploads() {
+	a.uploadsMu.Lock()
+	for rid, up := range a.uploads {
+		up.f.Close()
+		os.Remove(up.tmp)
+		delete(a.uploads, rid)
+	}
+	a.uploadsMu.Unlock()
+}
+
+func (a *agent) opList(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	depth := int64(1)
+	if h.Truthy("depth") {
+		if depth, _, err = h.Int("depth"); err != nil {
+			return nil, invalid("depth must be a number")
+		}
+	}
+	if depth < 1 {
+		depth = 1
+	}
+	limit := int64(maxListEntries)
+	if h.Truthy("max_entries") {
+		if limit, _, err = h.Int("max_entries"); err != nil {
+			return nil, invalid("max_entries must be a number")
+		}
+	}
+	if limit < 1 {
+		limit = 1
+	}
+	if limit > maxListEntries {
+		limit = maxListEntries
+	}
+	if !isDir(path) {
+		if _, err := os.Lstat(path); err != nil {
+			return nil, pathErr("list", path, syscall.ENOENT)
+		}
+		return nil, invalid("%s: not a directory", path)
+	}
+	w := &walker{limit: int(limit), out: []map[string]any{}}
+	if err := w.walk(path, int(depth)); err != nil {
+		return nil, err
+	}
+	return reply{"entries": w.out}, nil
+}
+
+type walker struct {
+	out   []map[string]any
+	size  int
+	limit int
+}
+
+func (w *walker) walk(path string, depth int) error {
+	d, err := os.Open(path)
+	if err != nil {
+		if skippable(err) {
+			return nil
+		}
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		if skippable(err) {
+			return nil
+		}
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		full := filepath.Join(path, name)
+		e, err := entry(full)
+		if err != nil {
+			continue
+		}
+		w.out = append(w.out, e)
+		encoded, _ := json.Marshal(e)
+		w.size += len(encoded) + 1
+		if len(w.out) > w.limit || w.size > listReplyBytes {
+			return invalid("listing too large: more than %d entries; list a subdirectory "+
+				"or a smaller depth", len(w.out)-1)
+		}
+		if depth > 1 && e["type"] == "dir" {
+			if err := w.walk(full, depth-1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// skippable: a directory the walk cannot read is left out, as it was.
+func skippable(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	return errno == syscall.EACCES || errno == syscall.EPERM || errno == syscall.ENOTDIR ||
+		errno == syscall.ENOENT
+}
+
+func (a *agent) opStat(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	return entry(path)
+}
+
+func (a *agent) opExists(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	_, err = os.Lstat(path)
+	return reply{"exists": err == nil}, nil
+}
+
+func (a *agent) opRemove(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	if st, err := os.Lstat(path); err == nil && st.IsDir() {
+		if err := os.RemoveAll(path); err != nil {
+			return nil, err
+		}
+		return reply{}, nil
+	}
+	if err := syscall.Unlink(path); err != nil {
+		return nil, pathErr("unlink", path, err)
+	}
+	return reply{}, nil
+}
+
+func (a *agent) opMkdir(rid int64, h wire.Header, _ []byte) (reply, error) {
+	path, err := needPath(h, "path")
+	if err != nil {
+		return nil, err
+	}
+	owner, err := userIDs(h)
+	if err != nil {
+		return nil, err
+	}
+	existed := isDir(path)
+	if err := makeDirs(path, owner); err != nil {
+		return nil, err
+	}
+	e, err := entry(path)
+	if err != nil {
+		return nil, err
+	}
+	e["created"] = !existed
+	return e, nil
+}
+
+func (a *agent) opRename(rid int64, h wire.Header, _ []byte) (reply, error) {
+	src, err := needPath(h, "src")
+	if err != nil {
+		return nil, err
+	}
+	dst, err := needPath(h, "dst")
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Rename(src, dst); err != nil {
+		return nil, &os.LinkError{Op: "rename", Old: src, New: dst, Err: err}
+	}
+	return entry(dst)
+}
+
+// makeDirs makes path and its missing parents, given to owner if not nil.
+func makeDirs(path string, owner *[2]int) error {
+	var missing []string
+	for p := path; p != "" && !isDir(p); {
+		missing = append(missing, p)
+		parent := filepath.Dir(p)
+		if parent == p {
+			break
+		}
+		p = parent
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := syscall.Mkdir(d, 0o777); err != nil {
+			return pathErr("mkdir", d, err)
+		}
+		if owner != nil {
+			if err := os.Chown(d, owner[0], owner[1]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

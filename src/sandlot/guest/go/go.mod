@@ -1,0 +1,3 @@
+module sandlot/guest
+
+go 1.19
