@@ -11,9 +11,9 @@ import subprocess
 import threading
 from pathlib import Path
 
+from sandlot.guest import wire
 from sandlot.images.guest import build_guest
 from sandlot.testing import IMAGES_DIR
-from sandlot.guest import wire
 
 # The template builds' own cache: the tests use the very binary a build installs.
 CACHE = IMAGES_DIR / "guest"

@@ -25,10 +25,10 @@ from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
 from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
 from sandlot.images import initramfs as initramfs_mod
-from sandlot.images.initramfs import build_initramfs
-from sandlot.images.kernel import ensure_kernel
 from sandlot.images.guest import build_guest
 from sandlot.images.guest import hash_input as guest_hash_input
+from sandlot.images.initramfs import build_initramfs
+from sandlot.images.kernel import ensure_kernel
 from sandlot.images.rootfs import build_rootfs
 from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
 from sandlot.runtime.base import Image, MachineDescription, MachinePlan, Runtime

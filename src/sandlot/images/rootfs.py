@@ -1,5 +1,6 @@
 """Root filesystem: mmdebstrap a minbase bookworm with the spec's packages, customize it in a
-chroot, install sandlot's guest init and agent (static binaries), and pack it as an ext4 image (no loop mounts)."""
+chroot, install sandlot's guest init and agent (static binaries), and pack it as an ext4 image
+(no loop mounts)."""
 
 from __future__ import annotations
 
