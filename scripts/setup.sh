@@ -8,6 +8,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs cpio util-linux zstd
   nftables iproute2 dnsmasq-base runsc ca-certificates python3 python3-venv python3-pip curl
   postgresql  # a deployment's shared metadata: the tests start their own server from it
+  golang-go  # builds the guest agent and init (static, standard library only) for templates
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -53,5 +54,6 @@ if [ ! -f "$stamp" ] || [ ! -d sdk-ts/node_modules ] || [ ! -d tests/ts/e2b-js/n
   rm -f .stamps/npm-*; touch "$stamp"
 fi
 
-# Content-hash cached: returns at once when the base template is up to date.
+# Content-hash cached: returns at once when the base template is up to date. It builds the
+# guest agent and init from src/sandlot/guest/go first (cached by their sources' hash).
 .venv/bin/sandlot template build base

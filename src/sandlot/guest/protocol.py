@@ -1,9 +1,9 @@
 """The ops of the host <-> guest agent protocol: names, request fields, reply fields, events.
 
-The one source of truth for both ends (stdlib only: this file is installed in the guest next to
-the agent). The agent registers a handler per op in `OPS` and refuses to start if one is
-missing; the host client sends only ops and fields named here (`request_header`);
-tests/unit/test_guest_protocol.py checks both ends and docs/guest-protocol.md against it.
+The one source of truth for both ends. The guest's agent (Go, guest/go/agent) registers one
+handler per op named here, and `sandlot-agent -describe` lists them; the host client sends only
+ops and fields named here (`request_header`); tests/unit/test_guest_protocol.py checks both ends
+and docs/guest-protocol.md against it.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("configure", ("time_ns", "entropy", "env", "generation", "cpus", "freeze"),
        ("time_ns", "cpus", "mem_kb"),
        doc="sets the clock, reseeds the RNG (base64 entropy), replaces the base env, writes "
-           "/run/sandlot/generation, onlines cpus; freeze: gc.freeze() before a template "
-           "snapshot"),
+           "/run/sandlot/generation, onlines cpus; freeze: collects the agent's garbage and "
+           "returns its free memory before a template snapshot"),
     Op("exec", ("cmd", "env", "cwd", "user", "timeout", "stdin", "stream", "keep_stdin",
                 "track", "window"), ("pid",), ("start", "stdout", "stderr", "exit"),
        payload=True, doc="runs bash -c cmd in its own process group; stdin: the payload is "

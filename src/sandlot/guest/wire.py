@@ -1,4 +1,4 @@
-"""Framing of the host <-> guest agent channel (stdlib only: this file also runs in the guest).
+"""Framing of the host <-> guest agent channel (the guest's end: guest/go/wire).
 
 A frame is::
 
