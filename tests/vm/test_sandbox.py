@@ -72,6 +72,19 @@ def test_user_runs_unprivileged(sbx):
     assert sbx.commands.run("id -u").stdout.strip() == "0"
 
 
+def test_guest_agent_and_init_need_nothing_from_the_image(sbx):
+    """sandlot's side of the guest is two static binaries: no interpreter, no shared library
+    (an image without python3, libc or iproute2 can be a sandbox)."""
+    script = ("for pid in 1 $(cat /proc/[0-9]*/stat 2>/dev/null | awk '$2 == \"(sandlot-agent)\""
+              " {print $1}'); do readlink /proc/$pid/exe; grep -c '\\.so' /proc/$pid/maps; done")
+    lines = sbx.commands.run(script).stdout.split()
+    assert lines[0].endswith("/sbin/sandlot-init") and lines[1] == "0", lines
+    assert lines[2] == "/opt/sandlot/sandlot-agent" and lines[3] == "0", lines
+    # The network init configured over rtnetlink (no `ip` involved).
+    addr = sbx.commands.run("cat /proc/net/fib_trie | grep -c 10.0.2.15; cat /proc/net/route")
+    assert int(addr.stdout.split()[0]) >= 1 and "00000000\t0202000A" in addr.stdout
+
+
 def test_exit_code_and_check(sbx):
     r = sbx.commands.run("echo out; echo err >&2; exit 7")
     assert (r.stdout, r.stderr, r.exit_code, r.ok) == ("out\n", "err\n", 7, False)
