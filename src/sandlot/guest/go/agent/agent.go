@@ -82,7 +82,7 @@ func (a *agent) handle(h wire.Header, payload []byte) {
 	}
 	// These run in order with the frames around them: a hello resets the session before
 	// the next request is read, a write's chunks find its upload.
-	if op == "hello" || op == "write" || op == "ping" {
+	if op == "hello" || op == "write" || op == "ping" || op == "stdin" {
 		a.run(fn, rid, h, payload)
 	} else {
 		go a.run(fn, rid, h, payload)

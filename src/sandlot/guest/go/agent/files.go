@@ -98,11 +98,11 @@ func (a *agent) opRead(rid int64, h wire.Header, _ []byte) (reply, error) {
 		return nil, err
 	}
 	a.ch.send(map[string]any{"id": rid, "event": "begin", "size": st.Size()}, nil)
+	buf := make([]byte, wire.ChunkSize) // send copies it into the frame
 	for {
 		if c != nil && !c.take() {
 			return nil, invalid("read cancelled by the host")
 		}
-		buf := make([]byte, wire.ChunkSize)
 		n, err := io.ReadFull(f, buf)
 		if n > 0 {
 			a.ch.send(map[string]any{"id": rid, "event": "data"}, buf[:n])

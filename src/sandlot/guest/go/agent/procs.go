@@ -206,6 +206,12 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 		user = u
 	}
 	pw, ok := userByName(user)
+	if !ok && user == "root" { // an image without /etc/passwd (distroless, scratch)
+		pw, ok = passwdEntry{name: "root", dir: "/root"}, true
+		if !isDir(pw.dir) {
+			pw.dir = "/"
+		}
+	}
 	if !ok {
 		return nil, invalid("no such user: %s", user)
 	}
@@ -245,35 +251,11 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 		sys.Credential = &syscall.Credential{Uid: uint32(pw.uid), Gid: uint32(pw.gid),
 			Groups: supplementaryGroups(pw.name)}
 	}
-	inR, inW, err := os.Pipe()
+	sp, err := spawnPiped(shell, cmd, cwd, env.list(), sys)
 	if err != nil {
 		return nil, err
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		for _, f := range []*os.File{inR, inW, outR, outW} {
-			f.Close()
-		}
-		return nil, err
-	}
-	process, err := os.StartProcess(shell, []string{shell, "-c", cmd}, &os.ProcAttr{
-		Dir: cwd, Env: env.list(), Files: []*os.File{inR, outW, errW}, Sys: sys})
-	inR.Close()
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		inW.Close()
-		outR.Close()
-		errR.Close()
-		return nil, err
-	}
-	p := &proc{a: a, pid: process.Pid, cmd: cmd, user: user, stdin: inW,
+	p := &proc{a: a, pid: sp.process.Pid, cmd: cmd, user: user, stdin: sp.stdin,
 		started: float64(time.Now().UnixNano()) / 1e9, subscribers: map[int64]*credits{}}
 	p.stdinCond = sync.NewCond(&p.stdinMu)
 	if !h.Has("track") || h.Truthy("track") { // the host's own warm-up runs are not listed
@@ -291,40 +273,25 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 			c = newCredits(window)
 			a.setRead(rid, c)
 		}
+		p.mu.Lock() // a hello may be resetting every process's subscribers
 		p.subscribers[rid] = c
+		p.mu.Unlock()
 	}
 	a.ch.send(map[string]any{"id": rid, "ok": true, "pid": p.pid, "event": "start"}, nil)
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go pump(outR, p, "stdout", &pumps)
-	go pump(errR, p, "stderr", &pumps)
+	go pump(sp.stdout, p, "stdout", &pumps)
+	go pump(sp.stderr, p, "stderr", &pumps)
 	if withStdin {
 		go p.writeStdin(p.nextTicket(), payload, true)
 	} else if !h.Truthy("keep_stdin") {
 		p.writeStdin(p.nextTicket(), nil, true)
 	}
-
-	exited := make(chan *os.ProcessState, 1)
-	go func() {
-		state, _ := process.Wait()
-		exited <- state
-	}()
-	var state *os.ProcessState
+	var limit time.Duration
 	if hasTimeout && timeout > 0 {
-		timer := time.NewTimer(time.Duration(timeout * float64(time.Second)))
-		select {
-		case state = <-exited:
-			timer.Stop()
-		case <-timer.C:
-			p.mu.Lock()
-			p.timedOut = true
-			p.mu.Unlock()
-			killGroup(p.pid, syscall.SIGKILL)
-			state = <-exited
-		}
-	} else {
-		state = <-exited
+		limit = time.Duration(timeout * float64(time.Second))
 	}
+	state := p.wait(sp.process, limit)
 	// A backgrounded grandchild may hold the pipes open: don't wait for it; but do wait for
 	// output that only waits for the host's credit (it comes before the exit).
 	pumped := make(chan struct{})
@@ -346,6 +313,67 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 	return nil, nil
 }
 
+// spawned is a started process and the agent's ends of its standard streams.
+type spawned struct {
+	process               *os.Process
+	stdin, stdout, stderr *os.File
+}
+
+// spawnPiped starts `shell -c cmd` with pipes for its input and outputs.
+func spawnPiped(shell, cmd, cwd string, env []string, sys *syscall.SysProcAttr) (
+	*spawned, error) {
+	var ends [6]*os.File // stdin r/w, stdout r/w, stderr r/w
+	closeAll := func() {
+		for _, f := range ends {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	for i := 0; i < 3; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		ends[2*i], ends[2*i+1] = r, w
+	}
+	process, err := os.StartProcess(shell, []string{shell, "-c", cmd}, &os.ProcAttr{
+		Dir: cwd, Env: env, Files: []*os.File{ends[0], ends[3], ends[5]}, Sys: sys})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	for _, i := range []int{0, 3, 5} { // the child's ends
+		ends[i].Close()
+	}
+	return &spawned{process: process, stdin: ends[1], stdout: ends[2], stderr: ends[4]}, nil
+}
+
+// wait waits for the process to end; past `limit` (if not 0) it kills its group first.
+func (p *proc) wait(process *os.Process, limit time.Duration) *os.ProcessState {
+	exited := make(chan *os.ProcessState, 1)
+	go func() {
+		state, _ := process.Wait()
+		exited <- state
+	}()
+	if limit <= 0 {
+		return <-exited
+	}
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case state := <-exited:
+		return state
+	case <-timer.C:
+		p.mu.Lock()
+		p.timedOut = true
+		p.mu.Unlock()
+		killGroup(p.pid, syscall.SIGKILL)
+		return <-exited
+	}
+}
+
 func exitCode(state *os.ProcessState) int {
 	if state == nil {
 		return -1
@@ -360,11 +388,12 @@ func exitCode(state *os.ProcessState) int {
 func pump(f *os.File, p *proc, stream string, wg *sync.WaitGroup) {
 	defer wg.Done()
 	defer f.Close()
+	buf := make([]byte, 65536)
 	for {
-		buf := make([]byte, 65536)
 		n, err := f.Read(buf)
 		if n > 0 {
-			p.emit(stream, buf[:n:n])
+			// A copy of its own size: the buffered output is counted by its length.
+			p.emit(stream, append([]byte(nil), buf[:n]...))
 		}
 		if err != nil {
 			return
@@ -441,8 +470,14 @@ func (a *agent) opStdin(rid int64, h wire.Header, payload []byte) (reply, error)
 	if done {
 		return nil, invalid("process %d has exited", p.pid)
 	}
-	p.writeStdin(p.nextTicket(), payload, h.Truthy("eof"))
-	return reply{}, nil
+	// Runs in the reader's order (handle), so writes keep the host's order; the write itself,
+	// which may wait for the process to read, and the answer happen on their own.
+	ticket := p.nextTicket()
+	go func() {
+		p.writeStdin(ticket, payload, h.Truthy("eof"))
+		a.ch.send(map[string]any{"id": rid, "ok": true}, nil)
+	}()
+	return nil, nil
 }
 
 func (a *agent) opKill(rid int64, h wire.Header, _ []byte) (reply, error) {
