@@ -102,6 +102,8 @@ export interface ProcessInfo {
   exitCode: number | null;
   /** Seconds since the epoch, as the guest saw it. */
   startedAt: number;
+  /** It runs on a terminal (`sbx.pty`). */
+  pty: boolean;
 }
 
 /** A file system entry in a sandbox. */
@@ -278,6 +280,7 @@ export function toProcessInfo(raw: Schemas["ProcessInfo"]): ProcessInfo {
     running: raw.running,
     exitCode: raw.exit_code ?? null,
     startedAt: raw.started_at,
+    pty: raw.pty ?? false,
   };
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import threading
 import time
 
 import httpx
@@ -336,6 +337,37 @@ def test_paused_at_its_timeout_and_resumed_by_the_next_call():
         box.kill()
 
 
+def test_pty_shell_input_resize_and_kill(sbx):
+    """sandbox.pty as E2B's terminal users drive it: a login shell on a PTY of a size, input,
+    a resize its programs see, the exit status; kill."""
+    from e2b import PtySize
+
+    term = sbx.pty.create(PtySize(rows=24, cols=80), envs={"MARK": "e2b"})
+    drawn = bytearray()
+    drawn_result: list = []
+    follower = threading.Thread(target=lambda: drawn_result.append(
+        term.wait(on_pty=drawn.extend)), daemon=True)
+    follower.start()
+
+    def expect(text: str) -> None:
+        eventually(lambda: text in drawn.decode(errors="replace"), timeout=60)
+
+    sbx.pty.send_stdin(term.pid, b"echo $((6*7))-$MARK-$TERM; stty size\r")
+    expect("42-e2b-xterm-256color")
+    expect("24 80")
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit 0\r")
+    follower.join(60)
+    assert drawn_result and drawn_result[0].exit_code == 0
+    assert "40 100" in drawn.decode(errors="replace")
+    assert sbx.pty.kill(term.pid) is False  # it has exited
+
+    other = sbx.pty.create(PtySize(rows=10, cols=40))
+    assert sbx.pty.kill(other.pid) is True
+    with pytest.raises(CommandExitException):
+        other.wait()
+
+
 def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(Exception) as ei:
         Template.build(Template().from_image("ubuntu:22.04"), "e2b-built")
@@ -346,10 +378,6 @@ def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(SandboxException) as ei:
         sbx.create_snapshot(mode="filesystem")
     assert ei.value.status_code == 400
-    with pytest.raises(SandboxException, match="PTY"):
-        from e2b import PtySize
-
-        sbx.pty.create(PtySize(rows=24, cols=80))
     with pytest.raises(NotFoundException):
         sbx.commands.connect(999999)
     raw = httpx.get(f"{sbx.connection_config.api_url}/volumes",

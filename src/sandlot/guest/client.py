@@ -119,6 +119,7 @@ class ProcessInfo:
     running: bool
     exit_code: int | None
     started_at: float
+    pty: bool = False  # it runs on a terminal
 
     @classmethod
     def parse(cls, d: Any) -> ProcessInfo:
@@ -126,7 +127,17 @@ class ProcessInfo:
             raise GuestError("agent sent a process that is not an object")
         return cls(pid=_get(d, "pid", int), cmd=_get(d, "cmd", str), user=_get(d, "user", str),
                    running=_get(d, "running", bool), exit_code=_get(d, "exit_code", int, None),
-                   started_at=float(_get(d, "started_at", (int, float))))
+                   started_at=float(_get(d, "started_at", (int, float))),
+                   pty=_get(d, "pty", bool, False))
+
+
+@dataclass(frozen=True)
+class TerminalSize:
+    cols: int
+    rows: int
+
+    def fields(self) -> dict:
+        return {"cols": self.cols, "rows": self.rows}
 
 
 @dataclass(frozen=True)
@@ -542,14 +553,23 @@ class AgentClient:
 
     async def start(self, cmd: str, *, env: dict[str, str] | None = None,
                     cwd: str | None = None, user: str | None = None,
-                    timeout: float | None = None, stdin: bytes | None = None) -> int:
+                    timeout: float | None = None, stdin: bytes | None = None,
+                    pty: TerminalSize | None = None) -> int:
         """Start `cmd` in the background; returns its pid. Without `stdin` its input stays
-        open for `send_stdin`."""
+        open for `send_stdin`. With `pty`, it runs on a new terminal of that size."""
+        if pty is not None and not self.has_cap("pty"):
+            raise InvalidArgumentError("this sandbox's guest agent predates terminals: "
+                                       "rebuild its template")
         reply = await self._request("exec", stdin or b"", cmd=cmd, env=env or {}, cwd=cwd,
                                     user=user, timeout=timeout or None,
                                     stdin=stdin is not None, stream=False,
-                                    keep_stdin=stdin is None)
+                                    keep_stdin=stdin is None,
+                                    pty=None if pty is None else pty.fields())
         return _get(reply, "pid", int)
+
+    async def resize(self, pid: int, size: TerminalSize) -> None:
+        """Set the size of process `pid`'s terminal."""
+        await self._request("resize", pid=pid, **size.fields())
 
     async def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
         """The output of process `pid` (what it buffered first, with `replay`), then its end."""

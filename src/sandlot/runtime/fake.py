@@ -45,6 +45,7 @@ from sandlot.runtime.base import (
     Runtime,
     Started,
     Stored,
+    TerminalSize,
     Usage,
     Vm,
 )
@@ -80,6 +81,7 @@ class _Proc:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     hung: bool = False  # `hang`: the fake agent stops answering for this process
+    terminal: TerminalSize | None = None
 
 
 class FakeGuest:
@@ -237,8 +239,18 @@ class FakeGuest:
         return self._events(self._spawn(cmd, env, cwd, user, timeout, stdin), True, True)
 
     async def start(self, cmd: str, *, env=None, cwd=None, user=None, timeout=None,
-                    stdin=None) -> int:
-        return self._spawn(cmd, env, cwd, user, timeout, stdin).pid
+                    stdin=None, pty: TerminalSize | None = None) -> int:
+        proc = self._spawn(cmd, env, cwd, user, timeout, stdin)
+        proc.terminal = pty
+        return proc.pid
+
+    async def resize(self, pid: int, size: TerminalSize) -> None:
+        proc = self._proc(pid)
+        if proc.terminal is None:
+            raise InvalidArgumentError(f"process {pid} has no terminal")
+        if proc.exit is not None:
+            raise InvalidArgumentError(f"process {pid} has exited")
+        proc.terminal = size
 
     def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
         return self._events(self._proc(pid), replay, False)
@@ -272,7 +284,7 @@ class FakeGuest:
         self._check()
         return [ProcessInfo(pid=p.pid, cmd=p.cmd, user=p.user, running=p.exit is None,
                             exit_code=p.exit.exit_code if p.exit else None,
-                            started_at=p.started_at)
+                            started_at=p.started_at, pty=p.terminal is not None)
                 for p in self.procs.values() if all or p.exit is None]
 
     # ---- files ----------------------------------------------------------------------------

@@ -190,15 +190,29 @@ def create_snapshot(sandbox_id: str, name: str | None = None) -> Request:
 
 def run_command(sandbox_id: str, cmd: str, *, timeout: float | None, env: dict[str, str] | None,
                 cwd: str | None, user: str, stdin: str | bytes | None, background: bool,
-                ) -> Request:
+                pty: tuple[int, int] | None = None) -> Request:
     if not isinstance(cmd, str) or not cmd:
         raise InvalidArgumentError("cmd must be a non-empty string")
     if isinstance(stdin, bytes):
         stdin = stdin.decode("utf-8")
-    return Request("POST", _sb(sandbox_id) + "/commands", json={
-        "cmd": cmd, "env": _str_dict(env, "env") or {}, "cwd": cwd, "user": user,
-        "timeout": timeout or None, "stdin": stdin, "background": background,
-    })
+    body = {"cmd": cmd, "env": _str_dict(env, "env") or {}, "cwd": cwd, "user": user,
+            "timeout": timeout or None, "stdin": stdin, "background": background}
+    if pty is not None:
+        body["pty"] = terminal_size(*pty)
+    return Request("POST", _sb(sandbox_id) + "/commands", json=body)
+
+
+def terminal_size(cols: int, rows: int) -> dict[str, int]:
+    for name, value in (("cols", cols), ("rows", rows)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+            raise InvalidArgumentError(f"a terminal's {name} must be an integer from 1 to "
+                                       f"4096, got {value!r}")
+    return {"cols": cols, "rows": rows}
+
+
+def resize_terminal(sandbox_id: str, pid: int, cols: int, rows: int) -> Request:
+    return Request("POST", f"{_sb(sandbox_id)}/commands/{int(pid)}/resize",
+                   json=terminal_size(cols, rows))
 
 
 def list_commands(sandbox_id: str) -> Request:

@@ -114,6 +114,7 @@ class ProcessInfo(_Model):
     running: bool = True
     exit_code: int | None = None
     started_at: float | None = None
+    pty: bool = False  # it runs on a terminal (``sbx.pty``)
 
 
 class EntryInfo(_Model):
