@@ -118,6 +118,8 @@ export interface EntryInfo {
   mtime: number;
   /** Where a symlink points. */
   target: string | null;
+  /** User metadata given when it was written (`files.write(path, data, { metadata })`). */
+  metadata: Record<string, string> | null;
 }
 
 /** The outcome of a finished command. */
@@ -295,6 +297,7 @@ export function toEntryInfo(raw: Schemas["FileInfo"]): EntryInfo {
     owner: raw.owner,
     mtime: raw.mtime,
     target: raw.target ?? null,
+    metadata: raw.metadata ?? null,
   };
 }
 

@@ -231,6 +231,37 @@ def test_watch_dir(sbx):
                                                        for e in w.get_new_events()}
     w.stop()
 
+    with_entries = sbx.files.watch_dir("watched", include_entry=True)
+    sbx.files.write("watched/entry.txt", "12345")
+    created = [e for e in with_entries.get_new_events() if e.name == "entry.txt"]
+    assert created and created[0].entry is not None
+    assert created[0].entry.size == 5 and created[0].entry.type == FileType.FILE
+    with_entries.stop()
+
+
+def test_file_metadata_as_e2b_keeps_it(sbx):
+    """files.write(metadata=...): kept as user.e2b.* xattrs, shown by get_info and list,
+    keys lowercased, replaced by an overwrite, kept by a rename, visible when set in the
+    guest out of band."""
+    info = sbx.files.write("meta/a.txt", "a", metadata={"Owner": "alice", "stage": "raw"})
+    assert info.metadata == {"owner": "alice", "stage": "raw"}
+    assert sbx.files.get_info("meta/a.txt").metadata == {"owner": "alice", "stage": "raw"}
+    listed = {e.name: e.metadata for e in sbx.files.list("meta")}
+    assert listed == {"a.txt": {"owner": "alice", "stage": "raw"}}
+    moved = sbx.files.rename("meta/a.txt", "meta/b.txt")
+    assert moved.metadata == {"owner": "alice", "stage": "raw"}
+    sbx.files.write("meta/b.txt", "b", metadata={"stage": "clean"})
+    assert sbx.files.get_info("meta/b.txt").metadata == {"stage": "clean"}
+    sbx.files.write("meta/b.txt", "c")
+    assert sbx.files.get_info("meta/b.txt").metadata is None
+    sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/meta/b.txt', "
+                     "'user.e2b.by', b'guest')\"")
+    assert sbx.files.get_info("meta/b.txt").metadata == {"by": "guest"}
+    from e2b import InvalidArgumentException
+
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.write("meta/c.txt", "c", metadata={"bad key": "x"})
+
 
 def test_pause_and_resume_keep_state():
     box = Sandbox.create(metadata={"suite": "e2b-pause"}, timeout=600)

@@ -323,7 +323,8 @@ export interface paths {
         get: operations["download_v1_sandboxes__sandbox_id__files_get"];
         /**
          * Upload
-         * @description Write the request body to `path` (streamed; parents are made).
+         * @description Write the request body to `path` (streamed; parents are made). `X-Metadata-<key>`
+         *     headers set the new file's user metadata (keys lowercased), as E2B's envd does.
          */
         put: operations["upload_v1_sandboxes__sandbox_id__files_put"];
         post?: never;
@@ -730,6 +731,10 @@ export interface components {
             mtime: number;
             /** Target */
             target?: string | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
         };
         /** FileList */
         FileList: {
@@ -873,6 +878,10 @@ export interface components {
             mtime: number;
             /** Target */
             target?: string | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
             /** Created */
             created: boolean;
         };

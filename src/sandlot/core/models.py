@@ -213,6 +213,7 @@ class FileInfo(BaseModel):
     owner: str
     mtime: float
     target: str | None = None  # a symlink's
+    metadata: dict[str, str] | None = None  # user metadata, set when it was written
 
 
 class FileList(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import ctypes
+import errno
 import fcntl
 import gc
 import glob
@@ -34,7 +35,7 @@ from wire import CHUNK_SIZE, MAX_HEADER, FrameDecoder, FrameError, encode  # noq
 
 PORT_NAME = "org.sandlot.agent"
 CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit",
-        "list_limit", "output_credit", "pty"]
+        "list_limit", "output_credit", "pty", "file_metadata"]
 # A `read` with `window` sends at most that many data chunks ahead of the host's `credit`
 # frames, so a slow consumer of one file holds back that file only, not the whole link; an
 # `exec` or `attach` with `window` does the same for a process's output (its pipe fills and
@@ -50,6 +51,7 @@ MAX_LIST_ENTRIES = 100000
 LIST_REPLY_BYTES = MAX_HEADER - (64 << 10)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/run/sandlot"
+METADATA_PREFIX = "user.e2b."  # a file's user metadata: extended attributes, as E2B keeps them
 
 # Requests and output pumps run on long-lived threads: starting a thread per request costs a
 # lot under emulation, and threads that exist when a template is snapshotted are reused by
@@ -566,13 +568,16 @@ class Agent:
         f = open(tmp, "wb")
         if payload:
             f.write(payload)
-        self.uploads[rid] = (f, tmp, path, owner, h.get("mode"))
+        metadata = h.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise AgentError("invalid", "metadata must be an object of strings")
+        self.uploads[rid] = (f, tmp, path, owner, h.get("mode"), metadata)
         if h.get("eof"):
             self.upload_frame(rid, "end", b"")
         return None
 
     def upload_frame(self, rid: int, op: str, payload: bytes) -> None:
-        f, tmp, path, owner, mode = self.uploads[rid]
+        f, tmp, path, owner, mode, metadata = self.uploads[rid]
         try:
             if op == "chunk":
                 f.write(payload)
@@ -583,6 +588,8 @@ class Agent:
                 os.chmod(tmp, int(mode))
             if owner:
                 os.chown(tmp, *owner)
+            # A new file each time: an overwrite replaces the whole metadata set.
+            write_metadata(tmp, metadata)
             os.replace(tmp, path)
             self.chan.send({"id": rid, "ok": True, **entry(path)})
         except OSError as e:
@@ -803,7 +810,34 @@ def entry(path: str) -> dict:
     }
     if kind == "symlink":
         out["target"] = os.readlink(path)
+    else:
+        metadata = read_metadata(path)
+        if metadata:
+            out["metadata"] = metadata
     return out
+
+
+def write_metadata(path: str, metadata: dict) -> None:
+    """User metadata as `user.e2b.<key>` extended attributes (E2B's envd keeps it so); a
+    file system without user xattrs (tmpfs before Linux 6.6) keeps none, and the answer's
+    entry, read back, says so."""
+    for key, value in metadata.items():
+        try:
+            os.setxattr(path, METADATA_PREFIX + str(key).lower(), str(value).encode())
+        except OSError as e:
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                return
+            raise
+
+
+def read_metadata(path: str) -> dict:
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False)
+                 if n.startswith(METADATA_PREFIX)]
+        return {n[len(METADATA_PREFIX):]: os.getxattr(path, n, follow_symlinks=False)
+                .decode(errors="replace") for n in names}
+    except OSError:
+        return {}
 
 
 def reseed(entropy: bytes) -> None:

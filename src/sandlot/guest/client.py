@@ -97,16 +97,21 @@ class FileEntry:
     owner: str
     mtime: float
     target: str | None = None
+    metadata: dict[str, str] | None = None  # user metadata (`user.e2b.*` xattrs)
 
     @classmethod
     def parse(cls, d: Any) -> FileEntry:
         if not isinstance(d, dict):
             raise GuestError("agent sent an entry that is not an object")
+        metadata = _get(d, "metadata", dict, None)
+        if metadata is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise GuestError("agent sent file metadata that is not strings")
         return cls(name=_get(d, "name", str), path=_get(d, "path", str),
                    type=_get(d, "type", str), size=_get(d, "size", int),
                    mode=_get(d, "mode", int), owner=_get(d, "owner", str),
                    mtime=float(_get(d, "mtime", (int, float))),
-                   target=_get(d, "target", str, None))
+                   target=_get(d, "target", str, None), metadata=metadata or None)
 
 
 @dataclass(frozen=True)
@@ -611,15 +616,21 @@ class AgentClient:
         return size, chunks()
 
     async def write(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
-                    mode: int | None = None) -> FileEntry:
-        """Write a file from an async iterator of byte chunks without holding it whole."""
+                    mode: int | None = None, metadata: dict[str, str] | None = None
+                    ) -> FileEntry:
+        """Write a file from an async iterator of byte chunks without holding it whole;
+        `metadata` replaces the file's user metadata."""
         self._require_ready()
+        if metadata and not self.has_cap("file_metadata"):
+            raise InvalidArgumentError("this sandbox's guest agent predates file metadata: "
+                                       "rebuild its template")
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
             await self._send(request_header(rid, "write", {"path": path, "user": user,
-                                                           "mode": mode}))
+                                                           "mode": mode,
+                                                           "metadata": metadata or None}))
             async for chunk in chunks:
                 for i in range(0, len(chunk), CHUNK_SIZE):
                     if fut.done():

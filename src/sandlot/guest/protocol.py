@@ -13,7 +13,7 @@ from dataclasses import dataclass
 PROTO_VERSION = 1
 
 # Fields of a file system entry (stat, list, write, mkdir, rename answer with these).
-ENTRY_FIELDS = ("name", "path", "type", "size", "mode", "owner", "mtime", "target")
+ENTRY_FIELDS = ("name", "path", "type", "size", "mode", "owner", "mtime", "target", "metadata")
 # Fields of one process in a `ps` answer.
 PROCESS_FIELDS = ("pid", "cmd", "user", "running", "exit_code", "started_at", "pty")
 # Error types an error reply may carry.
@@ -59,9 +59,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("ps", ("all",), ("processes",), doc="processes exec started (running ones unless all)"),
     Op("read", ("path", "window"), ("end",), ("begin", "data"),
        doc="streams a file; with window, at most that many data events ahead of credits"),
-    Op("write", ("path", "user", "mode", "eof"), ENTRY_FIELDS, payload=True,
+    Op("write", ("path", "user", "mode", "eof", "metadata"), ENTRY_FIELDS, payload=True,
        doc="then chunk frames with payloads and an end frame; written to a temp file and "
-           "renamed into place"),
+           "renamed into place; metadata: `user.e2b.<key>` xattrs of the new file"),
     Op("list", ("path", "depth", "max_entries"), ("entries",),
        doc="entries under a directory; more than max_entries (or a reply over the frame "
            "limit) is an `invalid` error"),

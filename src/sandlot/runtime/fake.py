@@ -66,6 +66,7 @@ class GuestState:
     dirs: set[str] = field(default_factory=lambda: {"/", "/tmp", "/root", "/home",
                                                     "/home/user"})
     env: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, dict[str, str]] = field(default_factory=dict)  # a file's user metadata
 
 
 @dataclass
@@ -300,7 +301,7 @@ class FakeGuest:
         if path in self.state.files:
             return FileEntry(name=posixpath.basename(path), path=path, type="file",
                              size=len(self.state.files[path]), mode=0o644, owner="root",
-                             mtime=0.0)
+                             mtime=0.0, metadata=self.state.metadata.get(path) or None)
         raise NotFoundError(f"{path}: no such file or directory")
 
     async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]:
@@ -316,7 +317,7 @@ class FakeGuest:
         return len(data), chunks()
 
     async def write(self, path: str, chunks: AsyncIterator[bytes], user=None,
-                    mode=None) -> FileEntry:
+                    mode=None, metadata=None) -> FileEntry:
         self._check()
         if path in self.state.dirs:
             raise InvalidArgumentError(f"{path}: is a directory")
@@ -325,6 +326,7 @@ class FakeGuest:
             data += chunk
         self._make_dirs(posixpath.dirname(path))
         self.state.files[path] = bytes(data)
+        self.state.metadata[path] = dict(metadata or {})
         return self._entry(path)
 
     def _make_dirs(self, path: str) -> bool:
@@ -376,6 +378,7 @@ class FakeGuest:
         self._entry(src)
         if src in self.state.files:
             self.state.files[dst] = self.state.files.pop(src)
+            self.state.metadata[dst] = self.state.metadata.pop(src, {})
         else:
             for p in [p for p in self.state.files if p.startswith(src + "/")]:
                 self.state.files[dst + p[len(src):]] = self.state.files.pop(p)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class Request:
     path: str
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def epoch(when: Any) -> float | None:
@@ -247,8 +249,22 @@ def read_file(sandbox_id: str, path: str, fmt: str = "bytes") -> Request:
     return Request("GET", _sb(sandbox_id) + "/files", params={"path": _path(path)})
 
 
-def write_file(sandbox_id: str, path: str, user: str = "root") -> Request:
-    return Request("PUT", _sb(sandbox_id) + "/files", params={"path": _path(path), "user": user})
+# File metadata travels as `X-Metadata-<key>` headers: keys are tokens, values printable ASCII.
+_METADATA_KEY = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+_METADATA_VALUE = re.compile(r"^[\x20-\x7e]*$")
+
+
+def write_file(sandbox_id: str, path: str, user: str = "root",
+               metadata: dict[str, str] | None = None) -> Request:
+    headers = {}
+    for key, value in (_str_dict(metadata, "metadata") or {}).items():
+        if not _METADATA_KEY.match(key) or not _METADATA_VALUE.match(value):
+            raise InvalidArgumentError(
+                f"file metadata {key[:100]!r}: keys are letters, digits and !#$%&'*+-.^_`|~; "
+                "values printable US-ASCII")
+        headers[f"X-Metadata-{key}"] = value
+    return Request("PUT", _sb(sandbox_id) + "/files", params={"path": _path(path), "user": user},
+                   headers=headers)
 
 
 def list_files(sandbox_id: str, path: str, depth: int = 1) -> Request:

@@ -127,6 +127,8 @@ class EntryInfo(_Model):
     mode: int | None = None
     owner: str | None = None
     mtime: float | None = None
+    target: str | None = None  # a symlink's
+    metadata: dict[str, str] | None = None  # user metadata given when it was written
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from sandlot.errors import AuthenticationError, InvalidArgumentError
 # The envd version sandlot reports: every feature the SDK gates on at or below it is served
 # (stdin, default user, close stdin, octet-stream upload, recursive watch). File metadata
 # (xattrs, 0.6.2) and the later watch options are not, so the SDK refuses them client-side.
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.3"
 CLIENT_ID = "sandlot"
 DEFAULT_USER = "user"
 # When a sandbox has no timeout, E2B's endAt still needs a time.
@@ -103,11 +103,17 @@ def entry_info(entry: FileInfo) -> dict:
     }
     if entry.type == "symlink" and entry.target is not None:
         out["symlinkTarget"] = entry.target
+    if entry.metadata:
+        out["metadata"] = entry.metadata
     return out
 
 
-def write_info(path: str) -> dict:
-    return {"name": posixpath.basename(path), "type": "file", "path": path}
+def write_info(path: str, entry: FileInfo | None = None) -> dict:
+    """An upload's answer; its metadata as read back from the written file."""
+    out = {"name": posixpath.basename(path), "type": "file", "path": path}
+    if entry is not None and entry.metadata:
+        out["metadata"] = entry.metadata
+    return out
 
 
 # ---- sandboxes ---------------------------------------------------------------------------
