@@ -340,6 +340,27 @@ def test_snapshots_and_fork():
             box.kill()
 
 
+def test_snapshot_names_as_e2b_takes_them(sbx):
+    """Names E2B accepts: tag-qualified (`name:v1`), with a namespace (`project/name`); the
+    list filter takes them all, and a name without a tag matches each of its tags."""
+    v1 = sbx.create_snapshot(name="e2b-named:v1")
+    v2 = sbx.create_snapshot(name="my-project/e2b-named:v2")
+    try:
+        assert v1.names == ["e2b-named:v1"] and v2.names == ["e2b-named:v2"]
+        ids = lambda name: {s.snapshot_id for s in Sandbox.list_snapshots(name=name).next_items()}  # noqa: E731
+        assert ids("e2b-named:v1") == {v1.snapshot_id}
+        assert ids("my-project/e2b-named:v2") == {v2.snapshot_id}
+        assert ids("e2b-named") == {v1.snapshot_id, v2.snapshot_id}
+        assert ids("no-such-name") == set()
+        restored = Sandbox.create("e2b-named:v1", timeout=300)
+        restored.kill()
+        with pytest.raises(SandboxException):
+            sbx.create_snapshot(name="Bad Name!")
+    finally:
+        Sandbox.delete_snapshot(v1.snapshot_id)
+        Sandbox.delete_snapshot(v2.snapshot_id)
+
+
 def test_metrics_are_sampled_by_the_host(sbx):
     sbx.commands.run("timeout 3 sh -c 'while :; do :; done'; true", timeout=60)
     time.sleep(1.5)  # the test servers sample every second

@@ -171,6 +171,22 @@ def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
     return out
 
 
+def snapshot_name(name: str) -> str:
+    """An E2B snapshot name (`[namespace/]name[:tag]`) as sandlot keeps it: sandlot has one
+    namespace, so a namespace prefix is dropped; names are case-insensitive."""
+    return name.rpartition("/")[2].lower()
+
+
+def name_matches(wanted: str, name: str | None, snapshot_id: str) -> bool:
+    """E2B's snapshot filter: an id, or a name (a name without a tag matches every tag)."""
+    if wanted == snapshot_id:
+        return True
+    if not name:
+        return False
+    wanted = snapshot_name(wanted)
+    return wanted == name or (":" not in wanted and name.partition(":")[0] == wanted)
+
+
 def snapshot_info(snapshot_id: str, name: str | None) -> dict:
     return {"snapshotID": snapshot_id, "names": [name] if name else []}
 
