@@ -184,7 +184,11 @@ def test_files_write_read(sbx):
     url = sbx.upload_url("signed/up.txt")
     assert httpx.post(url, files={"file": ("up.txt", b"via url")}).status_code == 200
     assert httpx.get(sbx.download_url("signed/up.txt")).content == b"via url"
-    assert httpx.get(url.replace("signature=v1_", "signature=v1_x")).status_code == 401
+    forged = httpx.get(url.replace("signature=v1_", "signature=v1_x"))
+    assert forged.status_code == 401 and forged.json()["message"] == "invalid signature"
+    expired = httpx.get(sbx.download_url("signed/up.txt", use_signature_expiration=-10))
+    assert expired.status_code == 401  # envd's words, which user code matches on
+    assert expired.json() == {"code": 401, "message": "signature is already expired"}
 
 
 def test_files_list_stat_rename_mkdir_remove(sbx):
