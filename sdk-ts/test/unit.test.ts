@@ -362,10 +362,10 @@ describe("public surface", () => {
     const cjs = createRequire(import.meta.url)("sandlot");
     const expected = [
       "AuthenticationError", "BuildError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
-      "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
+      "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_SHELL", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
       "GuestError", "HostUnavailableError", "Hosts", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
-      "Templates", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
+      "Templates", "Terminal", "Terminals", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];
     assert.deepEqual(Object.keys(esm).sort(), expected);
     assert.deepEqual(Object.keys(cjs).sort(), expected);

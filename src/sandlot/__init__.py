@@ -40,6 +40,8 @@ from sandlot.sdk import (
     AsyncSnapshot,
     AsyncSnapshots,
     AsyncTemplates,
+    AsyncTerminal,
+    AsyncTerminals,
     ByteStream,
     CommandExitError,
     CommandHandle,
@@ -62,6 +64,8 @@ from sandlot.sdk import (
     Snapshots,
     TemplateInfo,
     Templates,
+    Terminal,
+    Terminals,
     WaitTimeoutError,
 )
 
@@ -87,6 +91,8 @@ __all__ = [
     "AsyncSandboxes",
     "AsyncSnapshots",
     "AsyncTemplates",
+    "AsyncTerminal",
+    "AsyncTerminals",
     "AsyncHosts",
     "Hosts",
     "HostInfo",
@@ -99,6 +105,8 @@ __all__ = [
     "Sandboxes",
     "Snapshots",
     "Templates",
+    "Terminal",
+    "Terminals",
     # models
     "CommandResult",
     "EntryInfo",

@@ -49,6 +49,7 @@ func newAgent(ch *channel) *agent {
 		"stdin": a.opStdin, "kill": a.opKill, "ps": a.opPs, "read": a.opRead,
 		"write": a.opWrite, "list": a.opList, "stat": a.opStat, "exists": a.opExists,
 		"remove": a.opRemove, "mkdir": a.opMkdir, "rename": a.opRename,
+		"resize": a.opResize,
 	}
 	return a
 }

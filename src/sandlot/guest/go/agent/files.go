@@ -69,6 +69,8 @@ func entry(path string) (map[string]any, error) {
 			return nil, err
 		}
 		out["target"] = target
+	} else if metadata := readMetadata(path); len(metadata) > 0 {
+		out["metadata"] = metadata
 	}
 	return out, nil
 }
@@ -119,11 +121,12 @@ func (a *agent) opRead(rid int64, h wire.Header, _ []byte) (reply, error) {
 
 // upload is a `write` in progress: its chunks arrive as frames of their own.
 type upload struct {
-	f     *os.File
-	tmp   string
-	path  string
-	owner *[2]int
-	mode  *int64
+	f        *os.File
+	tmp      string
+	path     string
+	owner    *[2]int
+	mode     *int64
+	metadata [][2]string
 }
 
 func (a *agent) opWrite(rid int64, h wire.Header, payload []byte) (reply, error) {
@@ -148,6 +151,13 @@ func (a *agent) opWrite(rid int64, h wire.Header, payload []byte) (reply, error)
 			mode = &m
 		}
 	}
+	var metadata [][2]string
+	if h.Truthy("metadata") {
+		if raw, _ := h.Raw("metadata"); raw[0] != '{' {
+			return nil, invalid("metadata must be an object of strings")
+		}
+		metadata = stringMap(h, "metadata")
+	}
 	if err := makeDirs(filepath.Dir(path), owner); err != nil {
 		return nil, err
 	}
@@ -156,7 +166,7 @@ func (a *agent) opWrite(rid int64, h wire.Header, payload []byte) (reply, error)
 	if err != nil {
 		return nil, err
 	}
-	up := &upload{f: f, tmp: tmp, path: path, owner: owner, mode: mode}
+	up := &upload{f: f, tmp: tmp, path: path, owner: owner, mode: mode, metadata: metadata}
 	if len(payload) > 0 {
 		if _, err := f.Write(payload); err != nil {
 			f.Close()
@@ -194,6 +204,10 @@ func (a *agent) uploadFrame(rid int64, up *upload, op string, payload []byte) {
 			if err := os.Chown(up.tmp, up.owner[0], up.owner[1]); err != nil {
 				return err
 			}
+		}
+		// A new file each time: an overwrite replaces the whole metadata set.
+		if err := writeMetadata(up.tmp, up.metadata); err != nil {
+			return err
 		}
 		if err := syscall.Rename(up.tmp, up.path); err != nil {
 			return pathErr("rename", up.tmp, err)

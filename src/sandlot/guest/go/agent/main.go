@@ -33,6 +33,7 @@ const (
 	// later attach, but never more than this per process; the oldest chunks are dropped first.
 	maxBufferedOutput = 8 << 20
 	maxFinished       = 256
+	terminalDrain     = 2 * time.Second // a terminal's last output may take this long to arrive
 	// Why: a `list` answer is one frame header (at most MaxHeader): stop walking well before.
 	maxListEntries = 100000
 	listReplyBytes = wire.MaxHeader - (64 << 10)
@@ -40,7 +41,7 @@ const (
 
 // caps is what the hello announces (docs/guest-protocol.md, "Capabilities").
 var caps = []string{"exec", "attach", "stdin", "files", "restore", "cpus", "step_clock",
-	"read_credit", "list_limit", "output_credit"}
+	"read_credit", "list_limit", "output_credit", "pty", "file_metadata"}
 
 func main() {
 	fd := flag.Int("fd", -1, "serve this connected descriptor instead of the virtio port, and "+

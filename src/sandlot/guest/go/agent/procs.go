@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,6 +25,10 @@ type proc struct {
 	cmd     string
 	user    string
 	started float64
+
+	master *os.File      // a terminal's master side: its input, output and size (nil: pipes)
+	hungUp atomic.Bool   // set once the process ended: the terminal's pump stops
+	exited chan struct{} // closed once its process has been waited for
 
 	stdinMu   sync.Mutex
 	stdinCond *sync.Cond
@@ -151,7 +156,7 @@ func (p *proc) info() map[string]any {
 		code = p.exitCode
 	}
 	return map[string]any{"pid": p.pid, "cmd": p.cmd, "user": p.user, "running": !p.done,
-		"exit_code": code, "started_at": p.started}
+		"exit_code": code, "started_at": p.started, "pty": p.master != nil}
 }
 
 func (p *proc) pumpsWaiting() int {
@@ -169,7 +174,14 @@ func (p *proc) writeStdin(ticket uint64, data []byte, eof bool) {
 	}
 	f := p.stdin
 	p.stdinMu.Unlock()
-	if f != nil && len(data) > 0 {
+	if p.master != nil {
+		if eof {
+			data = append(append([]byte(nil), data...), 4) // Ctrl-D
+		}
+		if len(data) > 0 {
+			p.master.Write(data) // fails once the terminal is gone: nothing to write to
+		}
+	} else if f != nil && len(data) > 0 {
 		f.Write(data)
 	}
 	p.stdinMu.Lock()
@@ -215,6 +227,15 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 	if !ok {
 		return nil, invalid("no such user: %s", user)
 	}
+	var size wire.Header
+	if raw, ok := h.Raw("pty"); ok {
+		if raw[0] != '{' || json.Unmarshal(raw, &size) != nil {
+			return nil, invalid("pty must be an object with cols and rows")
+		}
+		if size == nil {
+			size = wire.Header{}
+		}
+	}
 	shell := shellPath()
 	env := newEnv()
 	env.set("PATH", defaultPath)
@@ -225,6 +246,9 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 	env.set("LANG", "C.UTF-8")
 	a.stateMu.Lock()
 	env.set("SANDLOT_GENERATION", a.generation)
+	if size != nil {
+		env.set("TERM", "xterm-256color")
+	}
 	for _, kv := range a.env {
 		env.set(kv[0], kv[1])
 	}
@@ -251,13 +275,20 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 		sys.Credential = &syscall.Credential{Uid: uint32(pw.uid), Gid: uint32(pw.gid),
 			Groups: supplementaryGroups(pw.name)}
 	}
-	sp, err := spawnPiped(shell, cmd, cwd, env.list(), sys)
+	var sp *spawned
+	if size != nil {
+		sp, err = spawnOnTerminal(shell, cmd, cwd, env.list(), sys, size)
+	} else {
+		sp, err = spawnPiped(shell, cmd, cwd, env.list(), sys)
+	}
 	if err != nil {
 		return nil, err
 	}
 	p := &proc{a: a, pid: sp.process.Pid, cmd: cmd, user: user, stdin: sp.stdin,
+		master:  sp.master,
 		started: float64(time.Now().UnixNano()) / 1e9, subscribers: map[int64]*credits{}}
 	p.stdinCond = sync.NewCond(&p.stdinMu)
+	p.exited = make(chan struct{})
 	if !h.Has("track") || h.Truthy("track") { // the host's own warm-up runs are not listed
 		a.procsMu.Lock()
 		if _, seen := a.procs[p.pid]; !seen {
@@ -279,21 +310,37 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 	}
 	a.ch.send(map[string]any{"id": rid, "ok": true, "pid": p.pid, "event": "start"}, nil)
 	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go pump(sp.stdout, p, "stdout", &pumps)
-	go pump(sp.stderr, p, "stderr", &pumps)
-	if withStdin {
-		go p.writeStdin(p.nextTicket(), payload, true)
-	} else if !h.Truthy("keep_stdin") {
-		p.writeStdin(p.nextTicket(), nil, true)
+	if p.master != nil {
+		pumps.Add(1)
+		go pumpTerminal(p, &pumps)
+		if withStdin && len(payload) > 0 {
+			p.writeStdin(p.nextTicket(), payload, false)
+		}
+	} else {
+		pumps.Add(2)
+		go pump(sp.stdout, p, "stdout", &pumps)
+		go pump(sp.stderr, p, "stderr", &pumps)
+		if withStdin {
+			go p.writeStdin(p.nextTicket(), payload, true)
+		} else if !h.Truthy("keep_stdin") {
+			p.writeStdin(p.nextTicket(), nil, true)
+		}
 	}
 	var limit time.Duration
 	if hasTimeout && timeout > 0 {
 		limit = time.Duration(timeout * float64(time.Second))
 	}
 	state := p.wait(sp.process, limit)
+	close(p.exited)
 	// A backgrounded grandchild may hold the pipes open: don't wait for it; but do wait for
-	// output that only waits for the host's credit (it comes before the exit).
+	// output that only waits for the host's credit (it comes before the exit). A terminal's
+	// output drains through one more hop (the line discipline): give it longer, unless
+	// background jobs keep the terminal open.
+	drain := 200 * time.Millisecond
+	if p.master != nil {
+		drain = terminalDrain
+	}
+	until := time.Now().Add(drain)
 	pumped := make(chan struct{})
 	go func() {
 		pumps.Wait()
@@ -303,11 +350,15 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 		select {
 		case <-pumped:
 		case <-time.After(200 * time.Millisecond):
-			if p.pumpsWaiting() > 0 {
+			if p.pumpsWaiting() > 0 || time.Now().Before(until) {
 				continue
 			}
 		}
 		break
+	}
+	if p.master != nil {
+		p.hungUp.Store(true) // a terminal's background jobs no longer hold its output open
+		p.master.SetReadDeadline(time.Now())
 	}
 	p.finish(exitCode(state))
 	return nil, nil
@@ -317,6 +368,7 @@ func (a *agent) opExec(rid int64, h wire.Header, payload []byte) (reply, error) 
 type spawned struct {
 	process               *os.Process
 	stdin, stdout, stderr *os.File
+	master                *os.File // on a terminal: its master side instead of the three
 }
 
 // spawnPiped starts `shell -c cmd` with pipes for its input and outputs.
