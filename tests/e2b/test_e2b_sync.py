@@ -408,6 +408,7 @@ def test_pty_shell_input_resize_and_kill(sbx):
     def expect(text: str) -> None:
         eventually(lambda: text in drawn.decode(errors="replace"), timeout=60)
 
+    eventually(lambda: drawn.rstrip().endswith((b"$", b"#")), timeout=60)  # the prompt
     sbx.pty.send_stdin(term.pid, b"echo $((6*7))-$MARK-$TERM; stty size\r")
     expect("42-e2b-xterm-256color")
     expect("24 80")
