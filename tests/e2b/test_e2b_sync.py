@@ -67,7 +67,7 @@ def test_info_list_connect_timeout(sbx):
     assert info.template_id == "base" and info.name == "base"
     assert info.metadata == {"suite": "e2b-sync", "owner": "tests"}
     assert info.state == SandboxState.RUNNING
-    assert info.envd_version == "0.5.7" and info.cpu_count >= 1 and info.memory_mb >= 128
+    assert info.envd_version == "0.6.3" and info.cpu_count >= 1 and info.memory_mb >= 128
     assert sbx.is_running()
 
     listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "e2b-sync"})).next_items()
@@ -408,6 +408,7 @@ def test_pty_shell_input_resize_and_kill(sbx):
     def expect(text: str) -> None:
         eventually(lambda: text in drawn.decode(errors="replace"), timeout=60)
 
+    eventually(lambda: drawn.rstrip().endswith((b"$", b"#")), timeout=60)  # the prompt
     sbx.pty.send_stdin(term.pid, b"echo $((6*7))-$MARK-$TERM; stty size\r")
     expect("42-e2b-xterm-256color")
     expect("24 80")
