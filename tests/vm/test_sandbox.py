@@ -85,6 +85,28 @@ def test_guest_agent_and_init_need_nothing_from_the_image(sbx):
     assert int(addr.stdout.split()[0]) >= 1 and "00000000\t0202000A" in addr.stdout
 
 
+def test_init_restarts_an_agent_that_died(sandbox_factory):
+    """The guest's init starts the agent again if it dies; the host's session goes on with the
+    new one (its commands run; the old one's process table is gone) and nothing is left as a
+    zombie."""
+    box = sandbox_factory()
+    find = "awk '$2 == \"(sandlot-agent)\" {print $1}' /proc/[0-9]*/stat"
+    agent = box.commands.run(find).stdout.strip()
+    box.commands.run(f"sleep 0.5; kill -9 {agent}", background=True)
+    deadline = time.monotonic() + 30
+    while True:
+        time.sleep(1)
+        try:
+            again = box.commands.run(find, timeout=10).stdout.strip()
+            break
+        except Exception:  # noqa: BLE001 - the old agent may take the request down with it
+            if time.monotonic() > deadline:
+                raise
+    assert again and again != agent
+    zombies = box.commands.run("grep -l '^State:.Z' /proc/[0-9]*/status || true").stdout
+    assert zombies.strip() == ""
+
+
 def test_exit_code_and_check(sbx):
     r = sbx.commands.run("echo out; echo err >&2; exit 7")
     assert (r.stdout, r.stderr, r.exit_code, r.ok) == ("out\n", "err\n", 7, False)
