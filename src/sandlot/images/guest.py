@@ -76,6 +76,7 @@ def build_guest(cache_dir: Path) -> dict[str, Path]:
         for guest, package in BINARIES.items():
             _go(["build", *BUILD_FLAGS, "-o", str(tmp / Path(guest).name), f"./{package}"],
                 cache_dir)
+        tmp.chmod(0o755)  # mkdtemp's 0700: the binaries are for anyone to read
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     except BaseException:
