@@ -185,6 +185,13 @@ class TemplateInfo(BaseModel):
     boot_ms: float | None = None
     device_model: str = ""
     machine: dict | None = None  # what its VM is: vmm.description.MachineDescription
+    # From an OCI image or a Dockerfile: where it came from (a pinned reference, or the
+    # Dockerfile's path), the user commands run as by default (None: root), and the image's
+    # ENTRYPOINT and CMD (recorded, not run: docs/images.md).
+    image: str | None = None
+    user: str | None = None
+    entrypoint: list[str] = Field(default_factory=list)
+    cmd: list[str] = Field(default_factory=list)
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

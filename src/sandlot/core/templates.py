@@ -11,9 +11,13 @@ Layout under the images dir::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
+import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -25,13 +29,19 @@ from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
 from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
 from sandlot.images import initramfs as initramfs_mod
+from sandlot.images import oci
+from sandlot.images.imagefs import build_image_rootfs
 from sandlot.images.initramfs import build_initramfs
-from sandlot.images.kernel import ensure_kernel
+from sandlot.images.kernel import Kernel, ensure_kernel
 from sandlot.images.rootfs import build_rootfs, guest_sources_hash_input
 from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
 from sandlot.runtime.base import Image, MachineDescription, MachinePlan, Runtime
 from sandlot.vmm.machine import DEVICE_MODEL
 from sandlot.vmm.qemu import qemu_info
+
+log = logging.getLogger(__name__)
+IMAGE_BUILDER_VERSION = "1"  # bump when a build from an image changes in a way its digest
+# does not show
 
 
 class TemplateStore:
@@ -112,12 +122,18 @@ def resolve_spec(spec_or_name: str) -> TemplateSpec:
         f"unknown template {spec_or_name!r}: give 'base' or the path of a .toml spec")
 
 
-def _content_hash(spec: TemplateSpec) -> str:
+def _environment_hash() -> bytes:
+    """What every build depends on besides its own input: the guest files, the initramfs,
+    the device model and QEMU's machine."""
     extra = guest_sources_hash_input() + initramfs_mod.INIT_SCRIPT.encode()
     extra += f"device-model={DEVICE_MODEL}".encode()  # includes the kernel command line
     extra += f"machine={qemu_info().default_q35}".encode()
     extra += " ".join(initramfs_mod.MODULES).encode()
-    return spec.content_hash(extra=hashlib.sha256(extra).digest())
+    return hashlib.sha256(extra).digest()
+
+
+def _content_hash(spec: TemplateSpec) -> str:
+    return spec.content_hash(extra=_environment_hash())
 
 
 def _qemu_runtime(settings: Settings) -> Runtime:
@@ -126,61 +142,160 @@ def _qemu_runtime(settings: Settings) -> Runtime:
     return QemuRuntime(settings)
 
 
+Step = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Step]:
+    """A spinner with the build's current step (`step("...")`), or log lines when quiet."""
+    if quiet:
+        yield lambda text: log.info("%s: %s", label, text)
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=False) as progress:
+        task = progress.add_task(f"{label}: kernel", total=None)
+        yield lambda text: progress.update(task, description=f"{label}: {text}")
+
+
+@dataclass
+class _Recipe:
+    """One template build: its name, content hash (before the kernel's part), how to make
+    its root filesystem in a build dir, and the machine it boots."""
+
+    name: str
+    content: str
+    make_rootfs: Callable[[Path, Kernel, Step], dict]  # -> TemplateInfo fields it sets
+    memory_mb: int
+    cpus: int
+    env: dict[str, str] = field(default_factory=dict)
+    record: str = ""  # what the build dir keeps of its input (spec.json)
+
+
 def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool = False,
                    settings: Settings | None = None, quiet: bool = False,
                    runtime: Callable[[Settings], Runtime] = _qemu_runtime) -> TemplateInfo:
     """Build (or reuse, by content hash) a template and point its name at the build: its root
     filesystem, then one boot and capture of it (the runtime's `boot_image`)."""
     settings = settings or Settings.from_env(data_dir)
-    settings.ensure()
     spec = resolve_spec(spec_or_name)
+
+    def make_rootfs(build: Path, kernel: Kernel, step: Step) -> dict:
+        step(f"root filesystem ({len(spec.packages)} extra packages)")
+        build_rootfs(spec, build / "rootfs.ext4", kernel)
+        return {"env": spec.env, "workdir": spec.workdir}
+
+    recipe = _Recipe(name=spec.name, content=_content_hash(spec), make_rootfs=make_rootfs,
+                     memory_mb=spec.memory_mb, cpus=spec.cpus, env=dict(spec.env),
+                     record=spec.model_dump_json(indent=2))
+    return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime)
+
+
+def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
+           runtime: Callable[[Settings], Runtime], step: Step | None = None) -> TemplateInfo:
+    """The one build path of every template: kernel, initramfs, the recipe's root
+    filesystem, one boot and capture, publish to the store, point the name at the build.
+    Cached by the recipe's hash and the kernel's version."""
+    settings.ensure()
     store = TemplateStore(settings)
     store.root.mkdir(parents=True, exist_ok=True)
+    label = f"template {recipe.name}"
     # One build at a time per images dir, across processes.
     with filelock.exclusive(store.root / ".build.lock"), \
-            Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                     disable=quiet, transient=False) as progress:
-        step = progress.add_task(f"template {spec.name}: kernel", total=None)
+            (contextlib.nullcontext(step) if step else _progress(label, quiet)) as step:
+        step("kernel")
         kernel = ensure_kernel(store.root / "kernel")
-        digest = _content_hash(spec) + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
+        digest = recipe.content + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
         build = store.builds / digest
         done = build / "template.json"
         if done.exists() and (build / "image").is_dir() and not force:
             info = TemplateInfo.model_validate_json(done.read_text())
-            info.name = spec.name
-            progress.update(step, description=f"template {spec.name}: up to date ({digest})")
+            info.name = recipe.name
+            step(f"up to date ({digest})")
         else:
             shutil.rmtree(build, ignore_errors=True)
             build.mkdir(parents=True)
             try:
                 shutil.copy2(kernel.vmlinuz, build / "vmlinuz")
-                progress.update(step, description=f"template {spec.name}: initramfs")
+                step("initramfs")
                 build_initramfs(kernel, build / "initramfs.gz")
-                progress.update(step, description=f"template {spec.name}: root filesystem "
-                                f"({len(spec.packages)} extra packages)")
-                build_rootfs(spec, build / "rootfs.ext4", kernel)
-                progress.update(step, description=f"template {spec.name}: boot and snapshot")
-                plan = MachinePlan(cpus=spec.cpus, memory_mb=spec.memory_mb, env=dict(spec.env))
+                fields = recipe.make_rootfs(build, kernel, step)
+                step("boot and snapshot")
+                plan = MachinePlan(cpus=recipe.cpus, memory_mb=recipe.memory_mb,
+                                   env=dict(fields.get("env") or {}))
                 image, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))
             except BaseException:
                 shutil.rmtree(build, ignore_errors=True)
                 raise
-            info = TemplateInfo(name=spec.name, hash=digest, memory_mb=spec.memory_mb,
-                                cpus=spec.cpus, env=spec.env, workdir=spec.workdir,
-                                built_at=now(), kernel=kernel.version, boot_ms=boot_ms,
-                                device_model=image.machine.device_model,
-                                machine=image.machine.to_dict())
-            (build / "spec.json").write_text(spec.model_dump_json(indent=2))
+            info = TemplateInfo(name=recipe.name, hash=digest, memory_mb=recipe.memory_mb,
+                                cpus=recipe.cpus, built_at=now(), kernel=kernel.version,
+                                boot_ms=boot_ms, device_model=image.machine.device_model,
+                                machine=image.machine.to_dict(), **fields)
+            (build / "spec.json").write_text(recipe.record)
             done.write_text(info.model_dump_json(indent=2))
-            progress.update(step, description=f"template {spec.name}: built ({digest}, "
-                            f"boot {boot_ms / 1000:.1f}s)")
+            step(f"built ({digest}, boot {boot_ms / 1000:.1f}s)")
         asyncio.run(runtime(settings).publish_template(image_of(info),
                                                        info.model_dump(mode="json")))
         store.index.mkdir(parents=True, exist_ok=True)
-        tmp = store.index / f"{spec.name}.json.tmp"
+        tmp = store.index / f"{recipe.name}.json.tmp"
         tmp.write_text(info.model_dump_json(indent=2))
-        tmp.replace(store.index / f"{spec.name}.json")
+        tmp.replace(store.index / f"{recipe.name}.json")
     return info
+
+
+def build_image_template(layout: Path, digest: str, name: str, *, source: str,
+                         settings: Settings, memory_mb: int = 512, cpus: int = 1,
+                         disk_mb: int | None = None, force: bool = False, quiet: bool = False,
+                         step: Step | None = None,
+                         runtime: Callable[[Settings], Runtime] = _qemu_runtime
+                         ) -> TemplateInfo:
+    """A template from the OCI image in `layout` (identified by `digest`, e.g. its manifest
+    digest): its filesystem with sandlot's guest files, booted once and captured. `source`
+    is what the template says it came from (the pinned reference, or the Dockerfile)."""
+    key = json.dumps({"image": digest, "memory_mb": memory_mb, "cpus": cpus,
+                      "disk_mb": disk_mb, "builder": IMAGE_BUILDER_VERSION}, sort_keys=True)
+    content = hashlib.sha256(key.encode() + _environment_hash()).hexdigest()[:16]
+
+    def make_rootfs(build: Path, kernel: Kernel, step: Step) -> dict:
+        step("root filesystem from the image")
+        config = build_image_rootfs(layout, build / "rootfs.ext4", kernel, disk_mb)
+        return {"env": config.env, "workdir": config.workdir, "user": config.user,
+                "entrypoint": config.entrypoint, "cmd": config.cmd, "image": source}
+
+    recipe = _Recipe(name=name, content=content, make_rootfs=make_rootfs,
+                     memory_mb=memory_mb, cpus=cpus, record=key)
+    return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime, step=step)
+
+
+def image_template_name(ref: oci.Reference) -> str:
+    """The template a create from an image uses: one per image digest."""
+    assert ref.digest
+    return "image-" + ref.digest.removeprefix("sha256:")[:16]
+
+
+def pull_image_template(reference: str, name: str | None = None, *, settings: Settings,
+                        access: oci.Access | None = None, memory_mb: int = 512,
+                        cpus: int = 1, disk_mb: int | None = None, force: bool = False,
+                        quiet: bool = False, step: Step | None = None,
+                        runtime: Callable[[Settings], Runtime] = _qemu_runtime
+                        ) -> TemplateInfo:
+    """A template from an image in a registry: the reference pinned to its digest now,
+    pulled once (kept by digest under images/oci/), built once per digest. `name` defaults to
+    `image_template_name`. ImageError for a bad reference or a refusing registry,
+    ImageNotFoundError for an image the registry does not have."""
+    access = access or oci.Access.from_env()
+    ref = oci.parse_reference(reference)
+    say = step or (lambda text: log.info("image %s: %s", reference, text))
+    say(f"resolving {reference}")
+    pinned = oci.resolve(ref, access)
+    assert pinned.digest
+    name = name or image_template_name(pinned)
+    layout = settings.images / "oci" / pinned.digest.removeprefix("sha256:")
+    say(f"pulling {pinned.pinned}")
+    oci.pull(pinned, layout, access)
+    return build_image_template(layout, pinned.digest, name, source=pinned.pinned,
+                                settings=settings, memory_mb=memory_mb, cpus=cpus,
+                                disk_mb=disk_mb, force=force, quiet=quiet, step=step,
+                                runtime=runtime)
 
 
 def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list[str]:
@@ -221,5 +336,5 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
     TemplateStore(Settings.from_env(data_dir)).remove(name)
 
 
-__all__ = ["TemplateStore", "build_template", "list_templates", "remove_template",
-           "collect_garbage"]
+__all__ = ["TemplateStore", "build_template", "build_image_template", "pull_image_template",
+           "list_templates", "remove_template", "collect_garbage"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import shlex
 import shutil
 import tempfile
@@ -22,7 +23,12 @@ GUEST_FILES = {
     "/opt/sandlot/protocol.py": GUEST_DIR / "protocol.py",
     "/sbin/sandlot-init": GUEST_DIR / "init.py",
 }
-
+# Programs sandlot's init runs by name. An image that lacks one (a slim image has no `ip`)
+# gets a link to a static busybox installed beside the guest files.
+INIT_TOOLS = {"ip": "/usr/sbin/ip", "mount": "/usr/bin/mount", "hostname": "/usr/bin/hostname"}
+GUEST_BUSYBOX = "/opt/sandlot/busybox"
+HOST_BUSYBOX = Path("/bin/busybox")
+TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
 log = logging.getLogger(__name__)
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -43,6 +49,70 @@ def host_apt_sources() -> list[str]:
 
 def guest_sources_hash_input() -> bytes:
     return b"".join(p.read_bytes() for p in GUEST_FILES.values())
+
+
+def inside(root: Path, path: str) -> Path:
+    """`path` as the guest would see it under `root`, following the tree's symlinks as a
+    chroot would: an image is untrusted, and a link such as ``/opt -> /etc`` must never make
+    a write land outside `root`."""
+    resolved = root
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            resolved = resolved.parent if resolved != root else root
+            continue
+        candidate = resolved / part
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise BuildError(f"too many symbolic links under {path} in the image")
+            target = str(candidate.readlink())
+            if target.startswith("/"):
+                resolved = root
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        resolved = candidate
+    return resolved
+
+
+def install_guest(root: Path, kernel: Kernel) -> None:
+    """Make the tree at `root` (any image's filesystem) a sandlot guest: sandlot's init and
+    agent (GUEST_FILES), the kernel's modules with their index (the host's depmod: the image
+    may have none), the mount points init uses, and an empty resolv.conf and fstab (init
+    writes the resolver at boot). The one way guest files get into an image's tree."""
+    for d in ("dev", "proc", "sys", "run", "tmp", "opt/sandlot", "etc", "lib/modules"):
+        inside(root, d).mkdir(parents=True, exist_ok=True)
+    for guest, host in GUEST_FILES.items():
+        target = inside(root, guest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        shutil.copyfile(host, target)
+        target.chmod(0o755)
+    missing = [t for t in INIT_TOOLS
+               if not any(os.path.lexists(inside(root, f"{d}/{t}")) for d in TOOL_DIRS)]
+    if missing:
+        if not HOST_BUSYBOX.exists():
+            raise BuildError("busybox-static is not installed (/bin/busybox missing)")
+        busybox = inside(root, GUEST_BUSYBOX)
+        shutil.copyfile(HOST_BUSYBOX, busybox)
+        busybox.chmod(0o755)
+        for tool in missing:
+            link = inside(root, INIT_TOOLS[tool])
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(GUEST_BUSYBOX)
+    modules = inside(root, f"lib/modules/{kernel.version}")
+    shutil.rmtree(modules, ignore_errors=True)
+    shutil.copytree(kernel.modules, modules, symlinks=True)
+    base = modules.parent.parent.parent  # depmod -b wants the dir holding lib/modules
+    run(["depmod", "-b", str(base), kernel.version])
+    for name in ("etc/resolv.conf", "etc/fstab"):
+        target = inside(root, name)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        target.write_text("")
 
 
 def _hook(cmd: str) -> str:
