@@ -98,7 +98,7 @@ class Commands:
         try:
             guest = await deadline.wait(live.guest)
             events = guest.exec(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
-                                user=req.user, timeout=req.timeout,
+                                user=req.user or live.record.user or "root", timeout=req.timeout,
                                 stdin=req.stdin.encode() if req.stdin is not None else None)
             while True:
                 try:
@@ -145,7 +145,7 @@ class Commands:
         live = self.live_of(sandbox_id)
         guest = await live.guest()
         return await guest.start(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
-                                 user=req.user, timeout=req.timeout,
+                                 user=req.user or live.record.user or "root", timeout=req.timeout,
                                  stdin=req.stdin.encode() if req.stdin is not None else None)
 
     async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:

@@ -16,9 +16,10 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -54,6 +55,7 @@ class TemplateStore:
         self.root = settings.images
         self.builds = self.root / "builds"
         self.index = self.root / "templates"
+        self._image_builds: dict[str, asyncio.Task] = {}
 
     def get(self, name: str) -> TemplateInfo:
         if not NAME_RE.match(name or ""):
@@ -93,10 +95,45 @@ class TemplateStore:
         tmp.replace(self.index / f"{name}.json")
         return info
 
+    async def image_source(self, reference: str) -> Source:
+        """What a create from an OCI image starts from: the image's template, built on first
+        use (by digest: the reference is resolved each time, unless pinned). Builds run in a
+        thread (pull, unpack, mkfs) and boot on this server's runtime; concurrent creates of
+        one image share one build."""
+        access = oci.Access.from_env()
+        ref = oci.parse_reference(reference)
+        pinned = await asyncio.to_thread(oci.resolve, ref, access)
+        name = image_template_name(pinned)
+        try:
+            return await self.source(name)
+        except NotFoundError:
+            pass
+        assert pinned.digest
+        task = self._image_builds.get(pinned.digest)
+        if task is None:
+            task = asyncio.create_task(self._build_image(pinned, name, access))
+            self._image_builds[pinned.digest] = task
+            task.add_done_callback(lambda _: self._image_builds.pop(pinned.digest, None))
+        await asyncio.shield(task)
+        return await self.source(name)
+
+    async def _build_image(self, ref: oci.Reference, name: str, access: oci.Access) -> None:
+        loop = asyncio.get_running_loop()
+        runtime = self.runtime
+        if runtime is None:
+            raise InvalidStateError("this server cannot build templates")
+
+        def on_loop(coro):  # the boot and publish run on this server's runtime
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+        await asyncio.to_thread(pull_image_template, ref.pinned, name, settings=self.settings,
+                                access=access, quiet=True, runtime=lambda _: runtime,
+                                run=on_loop)
+
     async def source(self, name: str) -> Source:
         info = await self.info(name)
         return Source(image=image_of(info), env=dict(info.env), template=info.name,
-                      workdir=info.workdir)
+                      workdir=info.workdir, user=info.user)
 
 
 def image_of(info: TemplateInfo) -> Image:
@@ -191,10 +228,12 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
 
 
 def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
-           runtime: Callable[[Settings], Runtime], step: Step | None = None) -> TemplateInfo:
+           runtime: Callable[[Settings], Runtime], step: Step | None = None,
+           run: Callable[[Coroutine], Any] = asyncio.run) -> TemplateInfo:
     """The one build path of every template: kernel, initramfs, the recipe's root
     filesystem, one boot and capture, publish to the store, point the name at the build.
-    Cached by the recipe's hash and the kernel's version."""
+    Cached by the recipe's hash and the kernel's version. `run` runs the runtime's coroutines
+    (by default in a loop of their own; a server passes one that runs them on its loop)."""
     settings.ensure()
     store = TemplateStore(settings)
     store.root.mkdir(parents=True, exist_ok=True)
@@ -222,7 +261,7 @@ def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
                 step("boot and snapshot")
                 plan = MachinePlan(cpus=recipe.cpus, memory_mb=recipe.memory_mb,
                                    env=dict(fields.get("env") or {}))
-                image, boot_ms = asyncio.run(runtime(settings).boot_image(digest, plan))
+                image, boot_ms = run(runtime(settings).boot_image(digest, plan))
             except BaseException:
                 shutil.rmtree(build, ignore_errors=True)
                 raise
@@ -233,8 +272,7 @@ def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
             (build / "spec.json").write_text(recipe.record)
             done.write_text(info.model_dump_json(indent=2))
             step(f"built ({digest}, boot {boot_ms / 1000:.1f}s)")
-        asyncio.run(runtime(settings).publish_template(image_of(info),
-                                                       info.model_dump(mode="json")))
+        run(runtime(settings).publish_template(image_of(info), info.model_dump(mode="json")))
         store.index.mkdir(parents=True, exist_ok=True)
         tmp = store.index / f"{recipe.name}.json.tmp"
         tmp.write_text(info.model_dump_json(indent=2))
@@ -246,8 +284,8 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
                          settings: Settings, memory_mb: int = 512, cpus: int = 1,
                          disk_mb: int | None = None, force: bool = False, quiet: bool = False,
                          step: Step | None = None,
-                         runtime: Callable[[Settings], Runtime] = _qemu_runtime
-                         ) -> TemplateInfo:
+                         runtime: Callable[[Settings], Runtime] = _qemu_runtime,
+                         run: Callable[[Coroutine], Any] = asyncio.run) -> TemplateInfo:
     """A template from the OCI image in `layout` (identified by `digest`, e.g. its manifest
     digest): its filesystem with sandlot's guest files, booted once and captured. `source`
     is what the template says it came from (the pinned reference, or the Dockerfile)."""
@@ -263,7 +301,8 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
 
     recipe = _Recipe(name=name, content=content, make_rootfs=make_rootfs,
                      memory_mb=memory_mb, cpus=cpus, record=key)
-    return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime, step=step)
+    return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime, step=step,
+                  run=run)
 
 
 def image_template_name(ref: oci.Reference) -> str:
@@ -276,8 +315,8 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
                         access: oci.Access | None = None, memory_mb: int = 512,
                         cpus: int = 1, disk_mb: int | None = None, force: bool = False,
                         quiet: bool = False, step: Step | None = None,
-                        runtime: Callable[[Settings], Runtime] = _qemu_runtime
-                        ) -> TemplateInfo:
+                        runtime: Callable[[Settings], Runtime] = _qemu_runtime,
+                        run: Callable[[Coroutine], Any] = asyncio.run) -> TemplateInfo:
     """A template from an image in a registry: the reference pinned to its digest now,
     pulled once (kept by digest under images/oci/), built once per digest. `name` defaults to
     `image_template_name`. ImageError for a bad reference or a refusing registry,
@@ -295,7 +334,7 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
     return build_image_template(layout, pinned.digest, name, source=pinned.pinned,
                                 settings=settings, memory_mb=memory_mb, cpus=cpus,
                                 disk_mb=disk_mb, force=force, quiet=quiet, step=step,
-                                runtime=runtime)
+                                runtime=runtime, run=run)
 
 
 def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list[str]:

@@ -45,7 +45,7 @@ class AsyncAPI:
             client = self._http()
             request = client.build_request(
                 req.method, req.path, params=req.params or None, json=req.json,
-                content=content, timeout=timeout or client.timeout,
+                content=content, timeout=timeout or req.timeout or client.timeout,
             )
             response = await client.send(request, stream=stream)
             if response.is_error:
