@@ -8,6 +8,8 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs cpio util-linux zstd
   nftables iproute2 dnsmasq-base runsc ca-certificates python3 python3-venv python3-pip curl
   postgresql  # a deployment's shared metadata: the tests start their own server from it
+  skopeo umoci buildah kmod  # sandboxes from OCI images and Dockerfiles (docs/images.md)
+  docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -29,6 +29,7 @@ from sandlot.core.db import run_sync, with_store
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
 from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
+from sandlot.images import dockerfile as dockerfile_mod
 from sandlot.images import initramfs as initramfs_mod
 from sandlot.images import oci
 from sandlot.images.imagefs import build_image_rootfs
@@ -323,18 +324,67 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
     ImageNotFoundError for an image the registry does not have."""
     access = access or oci.Access.from_env()
     ref = oci.parse_reference(reference)
-    say = step or (lambda text: log.info("image %s: %s", reference, text))
-    say(f"resolving {reference}")
+    with (contextlib.nullcontext(step) if step else _progress(f"image {reference}", quiet)
+          ) as step:
+        layout, pinned = _pull(ref, settings, access, step)
+        assert pinned.digest
+        return build_image_template(layout, pinned.digest,
+                                    name or image_template_name(pinned),
+                                    source=pinned.pinned, settings=settings,
+                                    memory_mb=memory_mb, cpus=cpus, disk_mb=disk_mb,
+                                    force=force, quiet=quiet, step=step, runtime=runtime,
+                                    run=run)
+
+
+def _pull(ref: oci.Reference, settings: Settings, access: oci.Access,
+          step: Step) -> tuple[Path, oci.Reference]:
+    """The image `ref` names now, in an OCI layout of this host (pulled once per digest)."""
+    step(f"resolving {ref.text}")
     pinned = oci.resolve(ref, access)
     assert pinned.digest
-    name = name or image_template_name(pinned)
     layout = settings.images / "oci" / pinned.digest.removeprefix("sha256:")
-    say(f"pulling {pinned.pinned}")
+    if not (layout / "index.json").exists():
+        step(f"pulling {pinned.pinned}")
     oci.pull(pinned, layout, access)
-    return build_image_template(layout, pinned.digest, name, source=pinned.pinned,
-                                settings=settings, memory_mb=memory_mb, cpus=cpus,
-                                disk_mb=disk_mb, force=force, quiet=quiet, step=step,
-                                runtime=runtime, run=run)
+    return layout, pinned
+
+
+def dockerfile_template(dockerfile: Path, context: Path | None, name: str, *,
+                        settings: Settings, access: oci.Access | None = None,
+                        build_args: dict[str, str] | None = None, memory_mb: int = 512,
+                        cpus: int = 1, disk_mb: int | None = None, force: bool = False,
+                        quiet: bool = False, warn: Callable[[str], None] = log.warning,
+                        runtime: Callable[[Settings], Runtime] = _qemu_runtime
+                        ) -> TemplateInfo:
+    """A template from a Dockerfile (`context` defaults to its folder): built by buildah,
+    each step cached, then made a template like any image (by its image id).
+    BuildStepError for an instruction that fails (with its output)."""
+    access = access or oci.Access.from_env()
+    build_args = dict(build_args or {})
+    context = context or dockerfile.parent
+    if not NAME_RE.match(name):
+        raise InvalidArgumentError(f"invalid template name {name!r}")
+    try:
+        text = dockerfile.read_text()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read {dockerfile}: {e.strerror}") from e
+    if not context.is_dir():
+        raise InvalidArgumentError(f"build context {context} is not a directory")
+    with _progress(f"template {name}", quiet) as step:
+        def pull(reference: str) -> Path:
+            return _pull(oci.parse_reference(reference), settings, access, step)[0]
+
+        prepared = dockerfile_mod.prepare(text, build_args, pull)
+        for warning in prepared.warnings:
+            warn(warning)
+        buildah = dockerfile_mod.Buildah(settings.images / "buildah")
+        image_id = buildah.build(prepared.text, context, build_args, step)
+        layout = buildah.push(image_id, settings.images / "oci" /
+                              ("built-" + image_id.removeprefix("sha256:")))
+        return build_image_template(layout, image_id, name, source=f"Dockerfile {dockerfile}",
+                                    settings=settings, memory_mb=memory_mb, cpus=cpus,
+                                    disk_mb=disk_mb, force=force, quiet=quiet, step=step,
+                                    runtime=runtime)
 
 
 def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list[str]:
@@ -376,4 +426,5 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
 
 
 __all__ = ["TemplateStore", "build_template", "build_image_template", "pull_image_template",
+           "dockerfile_template",
            "list_templates", "remove_template", "collect_garbage"]
