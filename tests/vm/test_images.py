@@ -1,0 +1,219 @@
+"""Sandboxes from OCI images and Dockerfiles, against a real registry on loopback filled with
+images the tests build locally (tests/imagekit.py): no test reaches the internet.
+
+The busybox-only and musl images have no python3: they run once sandlot's guest agent needs
+none (GUEST_FILES without agent.py); until then those tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from sandlot import (
+    BuildStepError,
+    ImageError,
+    ImageNotFoundError,
+    InvalidArgumentError,
+    Sandbox,
+    Sandlot,
+)
+from sandlot.config import Settings
+from sandlot.core import templates
+from sandlot.images import dockerfile, oci
+from sandlot.images.imagefs import build_image_rootfs
+from sandlot.images.kernel import ensure_kernel
+from sandlot.images.rootfs import GUEST_FILES, INIT_TOOLS
+from sandlot.testing import IMAGES_DIR
+
+PYTHON_GUEST = "/opt/sandlot/agent.py" in GUEST_FILES
+NEEDS_STATIC_GUEST = pytest.mark.skipif(
+    PYTHON_GUEST, reason="sandlot's guest agent and init are Python (GUEST_FILES has "
+    "agent.py): an image without python3 runs once they are static binaries (go-agent)")
+
+
+def test_debian_image_sandbox(server, oci_images) -> None:
+    """Create from an image (built on first use), the image's USER, WORKDIR and ENV honoured;
+    files, a snapshot and its restore, a fork; the next create is a restore of the same
+    template."""
+    ref = oci_images["debian"]
+    with Sandbox.create(image=ref, timeout=600) as sbx:
+        assert sbx.info.template.startswith("image-")
+        r = sbx.commands.run("id -un; pwd; echo $GREETING; cat /etc/image-name")
+        assert r.stdout.split() == ["app", "/srv/app", "hello", "debian-image"], r
+        assert sbx.commands.run("id -un", user="root").stdout.strip() == "root"
+        sbx.files.write("/srv/app/in.txt", b"from the host\n")
+        assert sbx.files.read("/srv/app/in.txt") == "from the host\n"
+        sbx.commands.run("echo made-before > /srv/app/state.txt", check=True)
+        snap = sbx.create_snapshot()
+        children = sbx.fork(count=1)
+        child = children[0]
+        try:
+            child.commands.run("echo child > /srv/app/state.txt", check=True)
+            assert sbx.commands.run("cat /srv/app/state.txt").stdout == "made-before\n"
+            assert child.commands.run("id -un").stdout.strip() == "app"
+        finally:
+            child.kill()
+        snap.wait(timeout=300)
+        restored = snap.restore()
+        try:
+            r = restored.commands.run("cat /srv/app/state.txt; id -un; pwd")
+            assert r.stdout.split() == ["made-before", "app", "/srv/app"]
+        finally:
+            restored.kill()
+            snap.delete()
+    with Sandlot() as client:
+        info = client.templates.get(sbx.info.template)
+        assert info.image and "@sha256:" in info.image and info.user == "app"
+        assert info.workdir == "/srv/app" and info.cmd == ["/bin/bash"]
+    with Sandbox.create(image=ref, timeout=60) as again:  # the same template: a restore
+        assert again.info.template == sbx.info.template
+        assert again.commands.run("true").exit_code == 0
+
+
+def test_image_errors(server, registry) -> None:
+    """A bad reference is a 400, a missing image a 404, both typed; nothing is built."""
+    with pytest.raises(ImageError, match="invalid image reference"):
+        Sandbox.create(image="Not A Reference!")
+    with pytest.raises(ImageNotFoundError, match="not found"):
+        Sandbox.create(image=f"{registry.host}/sandlot-test/missing:latest")
+    with pytest.raises(ImageNotFoundError):
+        Sandbox.create(image=f"{registry.host}/sandlot-test/debian:no-such-tag")
+    with pytest.raises(InvalidArgumentError, match="give one of"):
+        Sandbox.create("base", image=f"{registry.host}/sandlot-test/debian:latest",
+                       snapshot_id="snap-x")
+
+
+def test_plain_http_registry_needs_naming(registry, oci_images) -> None:
+    ref = oci.parse_reference(oci_images["busybox"])
+    with pytest.raises(ImageError, match="SANDLOT_INSECURE_REGISTRIES"):
+        oci.resolve(ref, oci.Access())
+    pinned = oci.resolve(ref, oci.Access(frozenset({registry.host})))
+    assert pinned.digest and pinned.digest.startswith("sha256:")
+
+
+def test_dockerfile_template(server, registry, oci_images, tmp_path) -> None:
+    """A Dockerfile with several steps: the template runs with its ENV, WORKDIR, USER and
+    copied files; a rebuild after a change runs from the first changed step only."""
+    settings = Settings.from_env(server.data_dir)
+    access = oci.Access(frozenset({registry.host}))
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "data.txt").write_text("v1\n")
+    (ctx / "Dockerfile").write_text(
+        "ARG BASE\n"
+        "FROM ${BASE}\n"
+        "ARG WHO=world\n"
+        "ENV TOOL_HOME=/opt/tool MODE=test\n"
+        "USER root\n"
+        "RUN mkdir -p /opt/tool && echo \"hello $WHO\" > /opt/tool/greeting\n"
+        "COPY data.txt /opt/tool/data.txt\n"
+        "RUN cat /opt/tool/data.txt > /opt/tool/copied && chown -R app /opt/tool\n"
+        "EXPOSE 8080\n"
+        "WORKDIR /opt/tool\n"
+        "USER app\n"
+        "CMD [\"python3\"]\n")
+    args = {"BASE": oci_images["debian"]}
+    warnings: list[str] = []
+    info = templates.dockerfile_template(ctx / "Dockerfile", None, "test-dockerfile",
+                                         settings=settings, access=access, build_args=args,
+                                         quiet=True, warn=warnings.append)
+    assert any("EXPOSE" in w for w in warnings)
+    assert info.user == "app" and info.workdir == "/opt/tool"
+    with Sandbox.create("test-dockerfile", timeout=120) as sbx:
+        r = sbx.commands.run("id -un; pwd; echo $MODE; cat greeting copied")
+        assert r.stdout.split() == ["app", "/opt/tool", "test", "hello", "world", "v1"], r
+
+    # The step cache: change the COPY'd file; the steps before it come from the cache.
+    (ctx / "data.txt").write_text("v2\n")
+    buildah = dockerfile.Buildah(settings.images / "buildah")
+    prepared = dockerfile.prepare((ctx / "Dockerfile").read_text(), args,
+                                  lambda r: templates._pull(oci.parse_reference(r), settings,
+                                                            access, lambda _: None)[0])
+    steps: list[str] = []
+    buildah.build(prepared.text, ctx, args, steps.append)
+    cached = [s for s in steps if s.endswith("(cached)")]
+    assert any("RUN mkdir" in s for s in cached), steps
+    assert not any("COPY" in s or "RUN cat" in s for s in cached), steps
+
+
+def test_dockerfile_failing_run(server, registry, oci_images, tmp_path) -> None:
+    settings = Settings.from_env(server.data_dir)
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {oci_images['debian']}\nRUN echo first-step\n"
+        "RUN echo about to fail >&2 && ls /no/such/dir\n")
+    with pytest.raises(BuildStepError) as err:
+        templates.dockerfile_template(tmp_path / "Dockerfile", None, "test-bad",
+                                      settings=settings,
+                                      access=oci.Access(frozenset({registry.host})),
+                                      quiet=True)
+    assert "RUN echo about to fail" in err.value.message
+    assert "about to fail" in err.value.message.splitlines()[1:][0]
+    assert "/no/such/dir" in err.value.message
+
+
+def test_cli_template_build_from_image(server, registry, oci_images) -> None:
+    """`sandlot template build --image REF NAME` (cached by digest: the session's first
+    create from this image built it)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandlot.cli", "template", "build", "--image",
+         oci_images["debian"], "--insecure-registry", registry.host, "test-cli-image",
+         "--data-dir", str(server.data_dir), "--json"],
+        capture_output=True, text=True, timeout=600,
+        env={**server.env, "SANDLOT_IMAGES_DIR": str(IMAGES_DIR)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with Sandbox.create("test-cli-image", timeout=60) as sbx:
+        assert sbx.commands.run("id -un").stdout.strip() == "app"
+
+
+@pytest.mark.parametrize("name", ["busybox", "musl"])
+def test_image_without_python_rootfs(name, oci_images, registry, tmp_path) -> None:
+    """Images without python3 or bash become a guest tree: guest files, modules and their
+    index (the host's depmod), busybox links for what init runs."""
+    if oci_images[name] is None:
+        pytest.skip(f"this host cannot build the {name} image (musl-gcc missing)")
+    settings = SimpleNamespace(images=tmp_path / "images")
+    access = oci.Access(frozenset({registry.host}))
+    layout, _ = templates._pull(oci.parse_reference(oci_images[name]), settings, access,
+                                lambda _: None)
+    kernel = ensure_kernel(IMAGES_DIR / "kernel")
+    out = tmp_path / "rootfs.ext4"
+    config = build_image_rootfs(layout, out, kernel)
+    assert out.stat().st_size > 0 and config.user is None
+    listing = subprocess.run(["debugfs", "-R", "ls -p /sbin", str(out)], capture_output=True,
+                             text=True).stdout
+    assert "sandlot-init" in listing
+    for tool, path in INIT_TOOLS.items():  # the image has none of them: links to busybox
+        stat = subprocess.run(["debugfs", "-R", f"stat {path}", str(out)],
+                              capture_output=True, text=True).stdout
+        assert "Type: symlink" in stat, (tool, stat)
+
+
+@NEEDS_STATIC_GUEST
+@pytest.mark.parametrize("name", ["busybox", "musl"])
+def test_image_without_python_sandbox(name, server, oci_images) -> None:
+    if oci_images[name] is None:
+        pytest.skip(f"this host cannot build the {name} image (musl-gcc missing)")
+    with Sandbox.create(image=oci_images[name], timeout=300) as sbx:
+        assert sbx.commands.run("echo hi").stdout == "hi\n"
+        if name == "musl":
+            assert sbx.commands.run("hello").stdout == "hello from musl\n"
+        sbx.files.write("/tmp/x", b"data")
+        assert sbx.files.read("/tmp/x") == "data"
+        snap = sbx.create_snapshot()
+        child = sbx.fork(count=1)[0]
+        try:
+            assert child.commands.run("cat /tmp/x").stdout == "data"
+        finally:
+            child.kill()
+        snap.wait(timeout=300)
+        restored = snap.restore()
+        try:
+            assert restored.commands.run("cat /tmp/x").stdout == "data"
+        finally:
+            restored.kill()
+            snap.delete()
+
