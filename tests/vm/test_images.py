@@ -20,6 +20,7 @@ from sandlot import (
     InvalidArgumentError,
     Sandbox,
     Sandlot,
+    Snapshot,
 )
 from sandlot.config import Settings
 from sandlot.core import templates
@@ -33,6 +34,16 @@ PYTHON_GUEST = "/opt/sandlot/agent.py" in GUEST_FILES
 NEEDS_STATIC_GUEST = pytest.mark.skipif(
     PYTHON_GUEST, reason="sandlot's guest agent and init are Python (GUEST_FILES has "
     "agent.py): an image without python3 runs once they are static binaries (go-agent)")
+
+
+@pytest.fixture
+def server_settings(server, monkeypatch) -> Settings:
+    """The session server's settings (its images dir and store), for builds in the test's
+    process that the server then creates from."""
+    for key in ("SANDLOT_IMAGES_DIR", "SANDLOT_STORE", "SANDLOT_INSTANCE", "SANDLOT_DATA_DIR"):
+        if key in server.env:
+            monkeypatch.setenv(key, server.env[key])
+    return Settings.from_env(server.data_dir)
 
 
 def test_debian_image_sandbox(server, oci_images) -> None:
@@ -64,7 +75,7 @@ def test_debian_image_sandbox(server, oci_images) -> None:
             assert r.stdout.split() == ["made-before", "app", "/srv/app"]
         finally:
             restored.kill()
-            snap.delete()
+            Snapshot.delete(snap.snapshot_id)
     with Sandlot() as client:
         info = client.templates.get(sbx.info.template)
         assert info.image and "@sha256:" in info.image and info.user == "app"
@@ -95,10 +106,10 @@ def test_plain_http_registry_needs_naming(registry, oci_images) -> None:
     assert pinned.digest and pinned.digest.startswith("sha256:")
 
 
-def test_dockerfile_template(server, registry, oci_images, tmp_path) -> None:
+def test_dockerfile_template(server_settings, registry, oci_images, tmp_path) -> None:
     """A Dockerfile with several steps: the template runs with its ENV, WORKDIR, USER and
     copied files; a rebuild after a change runs from the first changed step only."""
-    settings = Settings.from_env(server.data_dir)
+    settings = server_settings
     access = oci.Access(frozenset({registry.host}))
     ctx = tmp_path / "ctx"
     ctx.mkdir()
@@ -140,8 +151,8 @@ def test_dockerfile_template(server, registry, oci_images, tmp_path) -> None:
     assert not any("COPY" in s or "RUN cat" in s for s in cached), steps
 
 
-def test_dockerfile_failing_run(server, registry, oci_images, tmp_path) -> None:
-    settings = Settings.from_env(server.data_dir)
+def test_dockerfile_failing_run(server_settings, registry, oci_images, tmp_path) -> None:
+    settings = server_settings
     (tmp_path / "Dockerfile").write_text(
         f"FROM {oci_images['debian']}\nRUN echo first-step\n"
         "RUN echo about to fail >&2 && ls /no/such/dir\n")
@@ -215,5 +226,5 @@ def test_image_without_python_sandbox(name, server, oci_images) -> None:
             assert restored.commands.run("cat /tmp/x").stdout == "data"
         finally:
             restored.kill()
-            snap.delete()
+            Snapshot.delete(snap.snapshot_id)
 
