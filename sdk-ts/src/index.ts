@@ -47,6 +47,7 @@ export type {
 export {
   AuthenticationError,
   BuildError,
+  BuildStepError,
   CapacityError,
   CommandExitError,
   CommandTimeoutError,
@@ -55,6 +56,8 @@ export {
   type ErrorClass,
   GuestError,
   HostUnavailableError,
+  ImageError,
+  ImageNotFoundError,
   InvalidArgumentError,
   InvalidStateError,
   NotFoundError,
