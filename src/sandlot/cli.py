@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import os
 import shlex
@@ -290,8 +291,9 @@ def template_build(args: tuple[str, ...], image_ref: str | None, dockerfile: Pat
     """Build a template: NAME_OR_SPEC (a built-in name or a spec file path), or NAME from an
     OCI image (--image REF) or a Dockerfile (-f Dockerfile [CONTEXT] NAME)."""
     from sandlot.config import Settings
-    from sandlot.core import templates
     from sandlot.images.oci import Access
+
+    templates = importlib.import_module("sandlot.core.templates")
 
     if image_ref and dockerfile:
         raise click.UsageError("give --image or -f, not both")

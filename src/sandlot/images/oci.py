@@ -71,6 +71,9 @@ def parse_reference(text: str) -> Reference:
     host = m.group("host")
     path = m.group("path")
     if host is not None and "." not in host and ":" not in host and host != "localhost":
+        if not re.fullmatch(_COMPONENT, host):
+            raise ImageError(f"invalid image reference {text!r}: repository names are "
+                             "lowercase")
         path, host = f"{host}/{path}", None  # `team/app`: a Docker Hub path, not a host
     return Reference(text, host, path, m.group("tag"), m.group("digest"))
 

@@ -1,0 +1,114 @@
+"""The pure parts of building from OCI images: references, insecure registries, Dockerfile
+preparation, the containment of writes into an image's tree, the image's USER."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandlot.errors import ImageError
+from sandlot.images import dockerfile, oci
+from sandlot.images.imagefs import resolve_user
+from sandlot.images.rootfs import inside
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(("text", "host", "path", "tag", "digest"), [
+    ("python:3.12-slim", None, "python", "3.12-slim", None),
+    ("python", None, "python", None, None),
+    ("team/app:v1", None, "team/app", "v1", None),
+    ("127.0.0.1:5000/sandlot-test/debian:latest", "127.0.0.1:5000", "sandlot-test/debian",
+     "latest", None),
+    ("localhost/app", "localhost", "app", None, None),
+    (f"registry.example:443/a/b@{DIGEST}", "registry.example:443", "a/b", None, DIGEST),
+    (f"docker://python:3@{DIGEST}", None, "python", "3", DIGEST),
+])
+def test_parse_reference(text, host, path, tag, digest) -> None:
+    ref = oci.parse_reference(text)
+    assert (ref.host, ref.path, ref.tag, ref.digest) == (host, path, tag, digest)
+
+
+@pytest.mark.parametrize("text", ["", "Not A Reference!", "UPPER/case", "a:b:c",
+                                  "python@sha256:short", "x" * 600, "a//b", "-leading"])
+def test_bad_reference(text) -> None:
+    with pytest.raises(ImageError, match="invalid image reference"):
+        oci.parse_reference(text)
+
+
+def test_pinned_and_insecure(monkeypatch) -> None:
+    ref = oci.parse_reference("127.0.0.1:5000/app:1").at(DIGEST)
+    assert ref.pinned == f"127.0.0.1:5000/app@{DIGEST}"
+    monkeypatch.setenv(oci.INSECURE_ENV, "127.0.0.1:5000, other:1")
+    access = oci.Access.from_env(creds="u:p")
+    assert access.is_insecure(ref)
+    assert access.flags(ref, "src") == ["--src-tls-verify=false", "--src-creds=u:p"]
+    hub = oci.parse_reference("python")
+    assert not access.is_insecure(hub)  # the default registry is never plain HTTP
+    assert oci.Access().flags(ref, "") == ["--tls-verify=true"]
+
+
+def test_dockerfile_prepare_rewrites_from() -> None:
+    pulled: list[str] = []
+
+    def pull(ref: str) -> Path:
+        pulled.append(ref)
+        return Path(f"/layouts/{len(pulled)}")
+
+    text = """# syntax comment
+ARG BASE=reg:5000/base:1
+FROM ${BASE} AS build
+RUN make \\
+    all
+FROM scratch AS empty
+FROM build
+COPY --from=build /out /out
+HEALTHCHECK CMD true
+FROM --platform=linux/amd64 other:2
+"""
+    prepared = dockerfile.prepare(text, {}, pull)
+    assert pulled == ["reg:5000/base:1", "other:2"]
+    lines = prepared.text.splitlines()
+    assert lines[1] == "FROM oci:/layouts/1:img AS build"
+    assert lines[2] == "RUN make all"
+    assert "FROM scratch AS empty" in lines and "FROM build" in lines
+    assert lines[-1] == "FROM oci:/layouts/2:img"
+    assert len(prepared.warnings) == 1 and "HEALTHCHECK" in prepared.warnings[0]
+    assert dockerfile.prepare(text, {"BASE": "mine:3"}, pull).text.splitlines()[1] == \
+        "FROM oci:/layouts/3:img AS build"
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("RUN true\n", "starts with FROM"),
+    ("FROM $NOPE\n", r"\$NOPE has no value"),
+    ("FROM a b c d\n", "FROM"),
+    ("FROM a \\\n", "continuation"),
+])
+def test_dockerfile_errors(text, match) -> None:
+    with pytest.raises(ImageError, match=match):
+        dockerfile.prepare(text, {}, lambda ref: Path("/x"))
+
+
+def test_inside_never_leaves_the_root(tmp_path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "lib").symlink_to("/usr/lib")  # absolute: means the image's /usr/lib
+    (root / "opt").symlink_to("/etc")  # a hostile link: must stay under root
+    (root / "up").symlink_to("../../../../..")
+    assert inside(root, "/lib/modules") == root / "usr" / "lib" / "modules"
+    assert inside(root, "/opt/sandlot/agent") == root / "etc" / "sandlot" / "agent"
+    assert inside(root, "/up/etc/passwd") == root / "etc" / "passwd"
+    assert inside(root, "../../x") == root / "x"
+
+
+def test_resolve_user(tmp_path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n"
+                                             "app:x:1000:1000::/home/app:/bin/sh\n")
+    assert resolve_user(tmp_path, None) is None
+    assert resolve_user(tmp_path, "root") is None
+    assert resolve_user(tmp_path, "app") == "app"
+    assert resolve_user(tmp_path, "1000:1000") == "app"
+    with pytest.raises(ImageError, match="not in its /etc/passwd"):
+        resolve_user(tmp_path, "nobody")
