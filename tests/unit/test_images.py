@@ -3,6 +3,7 @@ preparation, the containment of writes into an image's tree, the image's USER.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,19 @@ def test_resolve_user(tmp_path) -> None:
     assert resolve_user(tmp_path, "1000:1000") == "app"
     with pytest.raises(ImageError, match="not in its /etc/passwd"):
         resolve_user(tmp_path, "nobody")
+
+
+async def test_create_from_a_bad_reference_is_a_typed_400(afast) -> None:
+    """Through the SDK, the app and core (fake machines): nothing is pulled or built, the
+    request carries the image and the long read timeout a first build needs."""
+    from sandlot import AsyncSandlot, ImageError, InvalidArgumentError
+
+    async with AsyncSandlot("http://sandlot.test", afast.key,
+                            transport=afast.transport) as client:
+        with pytest.raises(ImageError, match="invalid image reference"):
+            await client.sandboxes.create(image="Not A Reference!")
+        request = afast.requests[-1]
+        assert request.extensions["timeout"]["read"] == 1800
+        assert json.loads(request.content)["image"] == "Not A Reference!"
+        with pytest.raises(InvalidArgumentError, match="give one of"):
+            await client.sandboxes.create(snapshot_id="snap-1", image="python:3")
