@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -24,13 +25,14 @@ from sandlot import (
 )
 from sandlot.config import Settings
 from sandlot.core import templates
-from sandlot.images import dockerfile, oci
+from sandlot.images import dockerfile, oci, rootfs
 from sandlot.images.imagefs import build_image_rootfs
 from sandlot.images.kernel import ensure_kernel
-from sandlot.images.rootfs import GUEST_FILES, INIT_TOOLS
+from sandlot.images.rootfs import INIT_TOOLS
 from sandlot.testing import IMAGES_DIR
 
-PYTHON_GUEST = "/opt/sandlot/agent.py" in GUEST_FILES
+# rootfs.GUEST_FILES lists the Python agent; the static guest binaries replace it.
+PYTHON_GUEST = "/opt/sandlot/agent.py" in getattr(rootfs, "GUEST_FILES", {})
 NEEDS_STATIC_GUEST = pytest.mark.skipif(
     PYTHON_GUEST, reason="sandlot's guest agent and init are Python (GUEST_FILES has "
     "agent.py): an image without python3 runs once they are static binaries (go-agent)")
@@ -138,8 +140,9 @@ def test_dockerfile_template(server_settings, registry, oci_images, tmp_path) ->
         r = sbx.commands.run("id -un; pwd; echo $MODE; cat greeting copied")
         assert r.stdout.split() == ["app", "/opt/tool", "test", "hello", "world", "v1"], r
 
-    # The step cache: change the COPY'd file; the steps before it come from the cache.
-    (ctx / "data.txt").write_text("v2\n")
+    # The step cache: change the COPY'd file (to what no earlier run built); the steps
+    # before it come from the cache, the ones from it on run again.
+    (ctx / "data.txt").write_text(f"v2 {uuid.uuid4()}\n")
     buildah = dockerfile.Buildah(settings.images / "buildah")
     prepared = dockerfile.prepare((ctx / "Dockerfile").read_text(), args,
                                   lambda r: templates._pull(oci.parse_reference(r), settings,
@@ -192,7 +195,7 @@ def test_image_without_python_rootfs(name, oci_images, registry, tmp_path) -> No
                                 lambda _: None)
     kernel = ensure_kernel(IMAGES_DIR / "kernel")
     out = tmp_path / "rootfs.ext4"
-    config = build_image_rootfs(layout, out, kernel)
+    config = build_image_rootfs(layout, out, kernel, dict(rootfs.GUEST_FILES))
     assert out.stat().st_size > 0 and config.user is None
     listing = subprocess.run(["debugfs", "-R", "ls -p /sbin", str(out)], capture_output=True,
                              text=True).stdout

@@ -35,7 +35,7 @@ from sandlot.images import oci
 from sandlot.images.imagefs import build_image_rootfs
 from sandlot.images.initramfs import build_initramfs
 from sandlot.images.kernel import Kernel, ensure_kernel
-from sandlot.images.rootfs import build_rootfs, guest_sources_hash_input
+from sandlot.images.rootfs import GUEST_FILES, build_rootfs
 from sandlot.images.spec import NAME_RE, TemplateSpec, base_spec
 from sandlot.runtime.base import Image, MachineDescription, MachinePlan, Runtime
 from sandlot.vmm.machine import DEVICE_MODEL
@@ -160,18 +160,27 @@ def resolve_spec(spec_or_name: str) -> TemplateSpec:
         f"unknown template {spec_or_name!r}: give 'base' or the path of a .toml spec")
 
 
-def _environment_hash() -> bytes:
+GuestFiles = dict[str, Path]  # guest path -> host file of sandlot's own programs
+
+
+def _guest_files(images: Path) -> GuestFiles:
+    """sandlot's guest programs, for every kind of build (rootfs.GUEST_FILES)."""
+    return dict(GUEST_FILES)
+
+
+def _environment_hash(guest_files: GuestFiles) -> bytes:
     """What every build depends on besides its own input: the guest files, the initramfs,
     the device model and QEMU's machine."""
-    extra = guest_sources_hash_input() + initramfs_mod.INIT_SCRIPT.encode()
+    extra = b"".join(p.read_bytes() for p in guest_files.values())
+    extra += initramfs_mod.INIT_SCRIPT.encode()
     extra += f"device-model={DEVICE_MODEL}".encode()  # includes the kernel command line
     extra += f"machine={qemu_info().default_q35}".encode()
     extra += " ".join(initramfs_mod.MODULES).encode()
     return hashlib.sha256(extra).digest()
 
 
-def _content_hash(spec: TemplateSpec) -> str:
-    return spec.content_hash(extra=_environment_hash())
+def _content_hash(spec: TemplateSpec, guest_files: GuestFiles | None = None) -> str:
+    return spec.content_hash(extra=_environment_hash(guest_files or dict(GUEST_FILES)))
 
 
 def _qemu_runtime(settings: Settings) -> Runtime:
@@ -201,8 +210,9 @@ class _Recipe:
     its root filesystem in a build dir, and the machine it boots."""
 
     name: str
-    content: str
-    make_rootfs: Callable[[Path, Kernel, Step], dict]  # -> TemplateInfo fields it sets
+    content: Callable[[GuestFiles], str]
+    # (build dir, kernel, guest files, step) -> the TemplateInfo fields it sets
+    make_rootfs: Callable[[Path, Kernel, GuestFiles, Step], dict]
     memory_mb: int
     cpus: int
     env: dict[str, str] = field(default_factory=dict)
@@ -217,12 +227,13 @@ def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool 
     settings = settings or Settings.from_env(data_dir)
     spec = resolve_spec(spec_or_name)
 
-    def make_rootfs(build: Path, kernel: Kernel, step: Step) -> dict:
+    def make_rootfs(build: Path, kernel: Kernel, guest_files: GuestFiles, step: Step) -> dict:
         step(f"root filesystem ({len(spec.packages)} extra packages)")
         build_rootfs(spec, build / "rootfs.ext4", kernel)
         return {"env": spec.env, "workdir": spec.workdir}
 
-    recipe = _Recipe(name=spec.name, content=_content_hash(spec), make_rootfs=make_rootfs,
+    recipe = _Recipe(name=spec.name, content=lambda guest: _content_hash(spec, guest),
+                     make_rootfs=make_rootfs,
                      memory_mb=spec.memory_mb, cpus=spec.cpus, env=dict(spec.env),
                      record=spec.model_dump_json(indent=2))
     return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime)
@@ -244,7 +255,9 @@ def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
             (contextlib.nullcontext(step) if step else _progress(label, quiet)) as step:
         step("kernel")
         kernel = ensure_kernel(store.root / "kernel")
-        digest = recipe.content + "-" + hashlib.sha256(kernel.version.encode()).hexdigest()[:4]
+        guest_files = _guest_files(store.root)
+        digest = (recipe.content(guest_files) + "-"
+                  + hashlib.sha256(kernel.version.encode()).hexdigest()[:4])
         build = store.builds / digest
         done = build / "template.json"
         if done.exists() and (build / "image").is_dir() and not force:
@@ -258,7 +271,7 @@ def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
                 shutil.copy2(kernel.vmlinuz, build / "vmlinuz")
                 step("initramfs")
                 build_initramfs(kernel, build / "initramfs.gz")
-                fields = recipe.make_rootfs(build, kernel, step)
+                fields = recipe.make_rootfs(build, kernel, guest_files, step)
                 step("boot and snapshot")
                 plan = MachinePlan(cpus=recipe.cpus, memory_mb=recipe.memory_mb,
                                    env=dict(fields.get("env") or {}))
@@ -292,11 +305,13 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
     is what the template says it came from (the pinned reference, or the Dockerfile)."""
     key = json.dumps({"image": digest, "memory_mb": memory_mb, "cpus": cpus,
                       "disk_mb": disk_mb, "builder": IMAGE_BUILDER_VERSION}, sort_keys=True)
-    content = hashlib.sha256(key.encode() + _environment_hash()).hexdigest()[:16]
 
-    def make_rootfs(build: Path, kernel: Kernel, step: Step) -> dict:
+    def content(guest_files: GuestFiles) -> str:
+        return hashlib.sha256(key.encode() + _environment_hash(guest_files)).hexdigest()[:16]
+
+    def make_rootfs(build: Path, kernel: Kernel, guest_files: GuestFiles, step: Step) -> dict:
         step("root filesystem from the image")
-        config = build_image_rootfs(layout, build / "rootfs.ext4", kernel, disk_mb)
+        config = build_image_rootfs(layout, build / "rootfs.ext4", kernel, guest_files, disk_mb)
         return {"env": config.env, "workdir": config.workdir, "user": config.user,
                 "entrypoint": config.entrypoint, "cmd": config.cmd, "image": source}
 

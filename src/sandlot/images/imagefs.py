@@ -21,7 +21,8 @@ HEADROOM_MB = 1024  # free space a sandbox starts with beyond the image's own fi
 
 
 def build_image_rootfs(layout: Path, out_image: Path, kernel: Kernel,
-                       disk_mb: int | None = None) -> oci.ImageConfig:
+                       guest_files: dict[str, Path], disk_mb: int | None = None
+                       ) -> oci.ImageConfig:
     """Unpack the layout's image, make it a guest, write it as ext4 to `out_image`; the
     image's config, its USER checked against the image's own /etc/passwd."""
     config = oci.read_config(layout)
@@ -30,7 +31,7 @@ def build_image_rootfs(layout: Path, out_image: Path, kernel: Kernel,
         user = resolve_user(root, config.user)
         if config.workdir:
             inside(root, config.workdir).mkdir(parents=True, exist_ok=True)
-        install_guest(root, kernel)
+        install_guest(root, kernel, guest_files)
         used_mb = _used_mb(root)
         size = disk_mb or max(MIN_DISK_MB, int(used_mb * 1.3) + HEADROOM_MB)
         if size < used_mb + 64:

@@ -47,10 +47,6 @@ def host_apt_sources() -> list[str]:
     return found
 
 
-def guest_sources_hash_input() -> bytes:
-    return b"".join(p.read_bytes() for p in GUEST_FILES.values())
-
-
 def inside(root: Path, path: str) -> Path:
     """`path` as the guest would see it under `root`, following the tree's symlinks as a
     chroot would: an image is untrusted, and a link such as ``/opt -> /etc`` must never make
@@ -77,14 +73,15 @@ def inside(root: Path, path: str) -> Path:
     return resolved
 
 
-def install_guest(root: Path, kernel: Kernel) -> None:
+def install_guest(root: Path, kernel: Kernel, guest_files: dict[str, Path]) -> None:
     """Make the tree at `root` (any image's filesystem) a sandlot guest: sandlot's init and
-    agent (GUEST_FILES), the kernel's modules with their index (the host's depmod: the image
-    may have none), the mount points init uses, and an empty resolv.conf and fstab (init
-    writes the resolver at boot). The one way guest files get into an image's tree."""
+    agent (`guest_files`: guest path -> host file), the kernel's modules with their index
+    (the host's depmod: the image may have none), the mount points init uses, and an empty
+    resolv.conf and fstab (init writes the resolver at boot). The one way guest files get
+    into an image's tree."""
     for d in ("dev", "proc", "sys", "run", "tmp", "opt/sandlot", "etc", "lib/modules"):
         inside(root, d).mkdir(parents=True, exist_ok=True)
-    for guest, host in GUEST_FILES.items():
+    for guest, host in guest_files.items():
         target = inside(root, guest)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.exists():
