@@ -57,3 +57,5 @@ fi
 
 # Content-hash cached: returns at once when the base template is up to date.
 .venv/bin/sandlot template build base
+# The OCI images the image tests push to their loopback registry (built once, kept by recipe).
+.venv/bin/python tests/imagekit.py >/dev/null

@@ -32,6 +32,8 @@ def oci_images(registry) -> dict[str, str | None]:
     name -> reference (None: this host cannot build it)."""
     import imagekit
 
+    if imagekit.debian_layout(build=False) is None:  # its packages come from the network
+        pytest.fail("the Debian test image is not built: run `make setup`")
     refs: dict[str, str | None] = {}
     for name, make in (("debian", imagekit.debian_layout), ("busybox", imagekit.busybox_layout),
                        ("musl", imagekit.musl_layout)):

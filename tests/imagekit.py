@@ -37,13 +37,16 @@ def _run(*cmd: str, cwd: Path | None = None) -> None:
         raise RuntimeError(f"{cmd[0]} failed: {(proc.stdout + proc.stderr)[-2000:]}")
 
 
-def _layout(name: str, recipe: str, make_tar, config: list[str]) -> Path:
+def _layout(name: str, recipe: str, make_tar, config: list[str],
+            build: bool = True) -> Path | None:
     """An OCI layout `<dir>:latest` with one layer (the tar `make_tar(path)` writes) and
-    `config` (umoci config flags); built once per recipe."""
+    `config` (umoci config flags); built once per recipe (None if not built and not `build`)."""
     digest = hashlib.sha256((RECIPE_VERSION + recipe + " ".join(config)).encode())
     target = ROOT / f"{name}-{digest.hexdigest()[:12]}"
     if (target / "index.json").exists():
         return target
+    if not build:
+        return None
     ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         layer = Path(tmp) / "layer.tar"
@@ -58,7 +61,9 @@ def _layout(name: str, recipe: str, make_tar, config: list[str]) -> Path:
     return target
 
 
-def debian_layout() -> Path:
+def debian_layout(build: bool = True) -> Path | None:
+    """Built by `make setup` (mmdebstrap downloads its packages); the tests only use it."""
+
     def make(tar: Path) -> None:
         _run("mmdebstrap", "--variant=minbase", "--mode=root", "--quiet", "--format=tar",
              "--include=python3,bash", *DEBIAN_HOOKS, "bookworm", str(tar),
@@ -67,7 +72,8 @@ def debian_layout() -> Path:
     return _layout("debian", "debian " + " ".join(DEBIAN_HOOKS), make, [
         "--config.env=GREETING=hello",
         "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--config.workingdir=/srv/app", "--config.user=app", "--config.cmd=/bin/bash"])
+        "--config.workingdir=/srv/app", "--config.user=app", "--config.cmd=/bin/bash"],
+        build)
 
 
 def _busybox_tree(root: Path) -> None:
@@ -122,3 +128,8 @@ def push(layout: Path, registry: testing.RegistryServer, repo: str, tag: str = "
     _run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:latest",
          f"docker://{ref}")
     return ref
+
+
+if __name__ == "__main__":  # `make setup`: build the test images ahead of the tests
+    for made in (debian_layout(), busybox_layout(), musl_layout()):
+        print(f"test image: {made}")
