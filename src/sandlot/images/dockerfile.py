@@ -1,5 +1,6 @@
-"""Dockerfile builds with buildah (no daemon: `bud --isolation chroot`, vfs storage under the
-images dir), each step cached (`--layers`): a rebuild runs from the first changed step.
+"""Dockerfile builds with buildah (no daemon: `bud --isolation chroot`, storage of its own
+under the images dir), each step cached (`--layers`): a rebuild runs from the first changed
+step.
 
 Base images (`FROM`) are pulled by sandlot's own pull (oci.py: insecure registries, credentials,
 pinned by digest) into OCI layouts and the Dockerfile is given to buildah with `FROM oci:...`,
@@ -13,6 +14,7 @@ in the image config, but sandlot does nothing with it: a warning says so.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +27,7 @@ from pathlib import Path
 from sandlot.errors import BuildError, BuildStepError, ImageError
 from sandlot.images import oci
 
+DRIVER_ENV = "SANDLOT_BUILDAH_DRIVER"  # overlay (default: layers as diffs) or vfs (copies)
 SUPPORTED = {"FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "ENTRYPOINT", "CMD"}
 MAX_DOCKERFILE = 1 << 20
 OUTPUT_TAIL = 60  # lines of a failed step's output kept in its error
@@ -142,15 +145,19 @@ def _rewrite_from(ins: Instruction, args: dict[str, str], stages: set[str],
 
 @dataclass(frozen=True)
 class Buildah:
-    """buildah with its own storage (vfs, under `root`): no daemon, no overlay mounts."""
+    """buildah with storage of its own under `root` (no daemon): overlay, or vfs where
+    overlay mounts are not allowed (`SANDLOT_BUILDAH_DRIVER=vfs`: each step a full copy)."""
 
     root: Path
+    driver: str = field(default_factory=lambda: os.environ.get(DRIVER_ENV) or "overlay")
 
     def _base(self) -> list[str]:
         if shutil.which("buildah") is None:
             raise BuildError("buildah is not installed (apt-get install buildah)")
-        return ["buildah", "--root", str(self.root / "storage"), "--runroot",
-                str(self.root / "run"), "--storage-driver", "vfs"]
+        if self.driver not in ("overlay", "vfs"):
+            raise BuildError(f"{DRIVER_ENV}={self.driver!r}: give overlay or vfs")
+        return ["buildah", "--root", str(self.root / f"storage-{self.driver}"), "--runroot",
+                str(self.root / f"run-{self.driver}"), "--storage-driver", self.driver]
 
     def build(self, dockerfile: str, context: Path, build_args: dict[str, str],
               step: Callable[[str], None]) -> str:
