@@ -9,6 +9,7 @@ auth.json``), `SANDLOT_REGISTRY_AUTH_FILE`, or ``user:password`` given by the ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -119,14 +120,15 @@ class ImageConfig:
     cmd: list[str] = field(default_factory=list)
 
 
-def _skopeo(args: list[str], ref: Reference) -> str:
+def _skopeo(args: list[str], ref: Reference) -> bytes:
+    """skopeo's output, as bytes (a manifest's digest is of its exact bytes)."""
     if shutil.which("skopeo") is None:
         raise BuildError("skopeo is not installed (apt-get install skopeo)")
     proc = subprocess.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args],
-                          capture_output=True, text=True)
+                          capture_output=True)
     if proc.returncode == 0:
         return proc.stdout
-    err = (proc.stderr or proc.stdout).strip()
+    err = (proc.stderr or proc.stdout).decode(errors="replace").strip()
     msg = err.rsplit('msg="', 1)[-1].rstrip('"').replace('\\"', '"')[-1500:]
     low = msg.lower()
     if any(s in low for s in NOT_FOUND):
@@ -145,15 +147,9 @@ def resolve(ref: Reference, access: Access) -> Reference:
     if ref.digest:
         return ref
     target = f"docker://{ref.text}"
+    # The manifest (or index) as the registry serves it: its digest is the image's.
     out = _skopeo(["inspect", "--raw", *access.flags(ref, ""), target], ref)
-    digest = "sha256:" + _sha256(out.encode())
-    return ref.at(digest)
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
+    return ref.at("sha256:" + hashlib.sha256(out).hexdigest())
 
 
 def pull(ref: Reference, layout: Path, access: Access) -> Path:
