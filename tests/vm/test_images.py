@@ -195,7 +195,7 @@ def test_image_without_python_rootfs(name, oci_images, registry, tmp_path) -> No
                                 lambda _: None)
     kernel = ensure_kernel(IMAGES_DIR / "kernel")
     out = tmp_path / "rootfs.ext4"
-    config = build_image_rootfs(layout, out, kernel, dict(rootfs.GUEST_FILES))
+    config = build_image_rootfs(layout, out, kernel, templates._guest_files(IMAGES_DIR))
     assert out.stat().st_size > 0 and config.user is None
     listing = subprocess.run(["debugfs", "-R", "ls -p /sbin", str(out)], capture_output=True,
                              text=True).stdout
