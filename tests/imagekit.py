@@ -133,3 +133,12 @@ def push(layout: Path, registry: testing.RegistryServer, repo: str, tag: str = "
 if __name__ == "__main__":  # `make setup`: build the test images ahead of the tests
     for made in (debian_layout(), busybox_layout(), musl_layout()):
         print(f"test image: {made}")
+
+
+def variant(layout: Path, tmp: Path, env: str) -> Path:
+    """A copy of `layout` whose config also sets `env` (``K=V``): the same files under a new
+    digest, so sandlot builds it afresh."""
+    copy = tmp / f"{layout.name}-variant"
+    shutil.copytree(layout, copy)
+    _run("umoci", "config", "--image", f"{copy}:latest", f"--config.env={env}")
+    return copy

@@ -7,8 +7,12 @@ none (GUEST_FILES without agent.py); until then those tests skip and say why.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -85,6 +89,50 @@ def test_debian_image_sandbox(server, oci_images) -> None:
     with Sandbox.create(image=ref, timeout=60) as again:  # the same template: a restore
         assert again.info.template == sbx.info.template
         assert again.commands.run("true").exit_code == 0
+
+
+def test_first_create_builds_once_without_blocking(server, registry, tmp_path) -> None:
+    """Two creates from an image never built: one build, shared; meanwhile the API answers
+    other requests at once. The template and its build are removed after."""
+    import imagekit
+
+    layout = imagekit.variant(imagekit.debian_layout(), tmp_path, f"RUN_ID={uuid.uuid4()}")
+    ref = imagekit.push(layout, registry, "sandlot-test/fresh", uuid.uuid4().hex[:8])
+    made: list[Sandbox] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            made.append(Sandbox.create(image=ref, timeout=300))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=create) for _ in range(2)]
+    for t in threads:
+        t.start()
+    slowest = 0.0
+    try:
+        while any(t.is_alive() for t in threads):
+            start = time.monotonic()
+            Sandbox.list()
+            slowest = max(slowest, time.monotonic() - start)
+            time.sleep(0.5)
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len({s.info.template for s in made}) == 1
+        assert slowest < 5, f"a list took {slowest:.1f}s while the image was built"
+        assert made[0].commands.run("echo $RUN_ID").stdout.strip()
+    finally:
+        for sbx in made:
+            sbx.kill()
+        if made:
+            name = made[0].info.template
+            info = json.loads((IMAGES_DIR / "templates" / f"{name}.json").read_text())
+            (IMAGES_DIR / "templates" / f"{name}.json").unlink()
+            shutil.rmtree(IMAGES_DIR / "builds" / info["hash"], ignore_errors=True)
+            digest = info["image"].rsplit("@sha256:", 1)[1]
+            shutil.rmtree(IMAGES_DIR / "oci" / digest, ignore_errors=True)
 
 
 def test_image_errors(server, registry) -> None:
