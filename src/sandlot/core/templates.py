@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,7 +430,33 @@ def collect_garbage(data_dir: Path | None = None, dry_run: bool = False) -> list
         if not dry_run:
             for name in unused:
                 shutil.rmtree(store.builds / name, ignore_errors=True)
-    return unused
+        layouts = _unused_layouts(store, keep)
+        if not dry_run:
+            for layout in layouts:
+                shutil.rmtree(layout, ignore_errors=True)
+    return unused + [f"oci/{p.name}" for p in layouts]
+
+
+LAYOUT_GRACE = 3600  # s: a layout this new may be about to be built (a Dockerfile's push)
+
+
+def _unused_layouts(store: TemplateStore, keep: set[str]) -> list[Path]:
+    """The pulled or built OCI layouts (images/oci/) no kept build was made from."""
+    root = store.root / "oci"
+    if not root.is_dir():
+        return []
+    wanted = set()
+    for build in keep:
+        try:
+            record = json.loads((store.builds / build / "spec.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("image"), str):
+            wanted.add(record["image"].removeprefix("sha256:"))
+    old = time.time() - LAYOUT_GRACE
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and p.name.removeprefix("built-") not in wanted
+                  and p.stat().st_mtime < old)
 
 
 def list_templates(data_dir: Path | None = None) -> list[TemplateInfo]:
