@@ -129,3 +129,30 @@ async def test_create_from_a_bad_reference_is_a_typed_400(afast) -> None:
         assert json.loads(request.content)["image"] == "Not A Reference!"
         with pytest.raises(InvalidArgumentError, match="give one of"):
             await client.sandboxes.create(snapshot_id="snap-1", image="python:3")
+
+
+async def test_a_known_tag_creates_while_its_registry_is_down(tmp_path, monkeypatch) -> None:
+    """A reference the server resolved before creates from the template it named then when
+    the registry does not answer; one it never resolved is the registry's error."""
+    from sandlot.core.templates import TemplateStore
+    from sandlot.runtime.fake import FakeRuntime
+    from sandlot.testing import fake_settings, install_fake_template
+
+    settings = fake_settings(tmp_path)
+    runtime = FakeRuntime()
+    store = TemplateStore(settings, runtime)
+    name = "image-" + "ab" * 8
+    install_fake_template(settings, runtime, name)
+    up = True
+
+    def resolve(ref, access):
+        if not up:
+            raise ImageError("cannot fetch image: connection refused")
+        return ref.at(DIGEST)
+
+    monkeypatch.setattr(oci, "resolve", resolve)
+    assert (await store.image_source("reg:5000/app:1")).template == name
+    up = False
+    assert (await store.image_source("reg:5000/app:1")).template == name
+    with pytest.raises(ImageError, match="connection refused"):
+        await store.image_source("reg:5000/other:1")

@@ -29,7 +29,12 @@ from sandlot.config import Settings
 from sandlot.core.db import run_sync, with_store
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
-from sandlot.errors import InvalidArgumentError, InvalidStateError, NotFoundError
+from sandlot.errors import (
+    ImageError,
+    InvalidArgumentError,
+    InvalidStateError,
+    NotFoundError,
+)
 from sandlot.images import dockerfile as dockerfile_mod
 from sandlot.images import initramfs as initramfs_mod
 from sandlot.images import oci
@@ -58,6 +63,7 @@ class TemplateStore:
         self.builds = self.root / "builds"
         self.index = self.root / "templates"
         self._image_builds: dict[str, asyncio.Task] = {}
+        self._image_names: dict[str, str] = {}  # reference -> its template, as last resolved
 
     def get(self, name: str) -> TemplateInfo:
         if not NAME_RE.match(name or ""):
@@ -104,20 +110,31 @@ class TemplateStore:
         one image share one build."""
         access = oci.Access.from_env()
         ref = oci.parse_reference(reference)
-        pinned = await asyncio.to_thread(oci.resolve, ref, access)
+        try:
+            pinned = await asyncio.to_thread(oci.resolve, ref, access)
+        except ImageError as e:
+            # A registry that does not answer: a tag this server built before still creates
+            # (from what it named then). A missing image or a bad reference is still an error.
+            known = self._image_names.get(ref.text)
+            if known is None:
+                raise
+            log.warning("image %s: %s; using the template it named before (%s)", reference,
+                        e.message, known)
+            return await self.source(known)
         name = image_template_name(pinned)
         try:
-            return await self.source(name)
+            source = await self.source(name)
         except NotFoundError:
-            pass
-        assert pinned.digest
-        task = self._image_builds.get(pinned.digest)
-        if task is None:
-            task = asyncio.create_task(self._build_image(pinned, name, access))
-            self._image_builds[pinned.digest] = task
-            task.add_done_callback(lambda _: self._image_builds.pop(pinned.digest, None))
-        await asyncio.shield(task)
-        return await self.source(name)
+            assert pinned.digest
+            task = self._image_builds.get(pinned.digest)
+            if task is None:
+                task = asyncio.create_task(self._build_image(pinned, name, access))
+                self._image_builds[pinned.digest] = task
+                task.add_done_callback(lambda _: self._image_builds.pop(pinned.digest, None))
+            await asyncio.shield(task)
+            source = await self.source(name)
+        self._image_names[ref.text] = name
+        return source
 
     async def _build_image(self, ref: oci.Reference, name: str, access: oci.Access) -> None:
         loop = asyncio.get_running_loop()
