@@ -230,7 +230,7 @@ export class Commands {
     private readonly sandboxId: string,
   ) {}
 
-  private request(cmd: string, options: StartOptions, background: boolean, defaultTimeoutMs: number | null): ApiRequest {
+  private request(cmd: string, options: StartOptions & { pty?: { cols: number; rows: number } }, background: boolean, defaultTimeoutMs: number | null): ApiRequest {
     if (typeof cmd !== "string" || !cmd) throw new InvalidArgumentError("cmd must be a non-empty string");
     const timeoutMs = options.timeoutMs === undefined ? defaultTimeoutMs : options.timeoutMs;
     if (timeoutMs !== null && (typeof timeoutMs !== "number" || !(timeoutMs >= 0))) {
@@ -247,6 +247,7 @@ export class Commands {
         timeout: timeoutMs ? timeoutMs / 1000 : null,
         stdin: text(options.stdin) ?? null,
         background,
+        ...(options.pty ? { pty: options.pty } : {}),
       } satisfies Schemas["ExecRequest"],
       // The HTTP deadline outlives the command's own, so the server's timeout error arrives first.
       timeoutMs: background ? undefined : timeoutMs ? timeoutMs + COMMAND_TIMEOUT_SLACK_MS : null,

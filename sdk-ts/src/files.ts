@@ -117,13 +117,17 @@ export class Files {
   /**
    * Write `data` to `path`, creating parent directories, and return the new entry. Streams and
    * iterables are sent as they are read, never held whole in memory. `user` owns the file.
+   * `metadata` (keys lowercased; keys HTTP tokens, values printable ASCII) is kept with the
+   * file as extended attributes, shown by `stat` and `list`, kept by `rename` and replaced by
+   * the next write (E2B's file metadata).
    */
-  async write(path: string, data: WriteData, options: { user?: string } = {}): Promise<EntryInfo> {
+  async write(path: string, data: WriteData, options: { user?: string; metadata?: Record<string, string> } = {}): Promise<EntryInfo> {
     const body = uploadBody(data);
     const info = await this.api.call<Schemas["FileInfo"]>({
       method: "PUT",
       path: this.base,
       query: { path: path_(path), user: options.user ?? "root" },
+      headers: metadataHeaders(options.metadata),
       body,
       timeoutMs: null,
     });
@@ -184,4 +188,16 @@ export class Files {
     });
     return toEntryInfo(data);
   }
+}
+
+/** A file's metadata as the `X-Metadata-<key>` headers the server reads. */
+function metadataHeaders(metadata: Record<string, string> | undefined): Record<string, string> {
+  const headers: Record<string, string> = {};
+  for (const [key, value] of Object.entries(metadata ?? {})) {
+    if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(key) || typeof value !== "string" || !/^[\x20-\x7e]*$/.test(value)) {
+      throw new InvalidArgumentError(`file metadata ${JSON.stringify(key)}: keys are letters, digits and !#$%&'*+-.^_\`|~; values printable US-ASCII`);
+    }
+    headers[`X-Metadata-${key}`] = value;
+  }
+  return headers;
 }

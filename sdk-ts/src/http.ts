@@ -38,6 +38,8 @@ export interface ApiRequest {
   query?: Query;
   json?: unknown;
   body?: Body;
+  /** Extra request headers. */
+  headers?: Record<string, string>;
   timeoutMs?: number | null;
 }
 
@@ -125,7 +127,7 @@ export class Api {
    */
   async send(req: ApiRequest): Promise<{ response: Response; done: () => void; deadline: Deadline }> {
     const deadline = new Deadline(req.timeoutMs === undefined ? this.requestTimeoutMs : req.timeoutMs);
-    const headers: Record<string, string> = { "User-Agent": "sandlot-typescript" };
+    const headers: Record<string, string> = { ...req.headers, "User-Agent": "sandlot-typescript" };
     if (this.apiKey) headers.Authorization = `Bearer ${this.apiKey}`;
     let body: Body | undefined = req.body;
     if (req.json !== undefined) {

@@ -24,6 +24,8 @@ export { ForkList, Sandbox, Snapshot } from "./sandbox.js";
 export type { NetworkUpdate, RestoreOptions, SandboxCreateOptions } from "./sandbox.js";
 export { CommandHandle, CommandOutput, Commands } from "./commands.js";
 export type { OutputCallback, RunOptions, StartOptions, WaitOptions } from "./commands.js";
+export { DEFAULT_SHELL, Terminal, Terminals } from "./terminals.js";
+export type { TerminalOptions, TerminalSize } from "./terminals.js";
 export { Files } from "./files.js";
 export type { ReadFormat, WriteData } from "./files.js";
 export { DEFAULT_URL } from "./http.js";

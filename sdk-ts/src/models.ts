@@ -109,6 +109,8 @@ export interface ProcessInfo {
   exitCode: number | null;
   /** Seconds since the epoch, as the guest saw it. */
   startedAt: number;
+  /** It runs on a terminal (`sbx.pty`). */
+  pty: boolean;
 }
 
 /** A file system entry in a sandbox. */
@@ -123,6 +125,8 @@ export interface EntryInfo {
   mtime: number;
   /** Where a symlink points. */
   target: string | null;
+  /** User metadata given when it was written (`files.write(path, data, { metadata })`). */
+  metadata: Record<string, string> | null;
 }
 
 /** The outcome of a finished command. */
@@ -289,6 +293,7 @@ export function toProcessInfo(raw: Schemas["ProcessInfo"]): ProcessInfo {
     running: raw.running,
     exitCode: raw.exit_code ?? null,
     startedAt: raw.started_at,
+    pty: raw.pty ?? false,
   };
 }
 
@@ -303,6 +308,7 @@ export function toEntryInfo(raw: Schemas["FileInfo"]): EntryInfo {
     owner: raw.owner,
     mtime: raw.mtime,
     target: raw.target ?? null,
+    metadata: raw.metadata ?? null,
   };
 }
 

@@ -5,6 +5,7 @@
  */
 
 import { Commands } from "./commands.js";
+import { Terminals } from "./terminals.js";
 import { InvalidArgumentError, NotFoundError, SandlotError, SnapshotFailedError, WaitTimeoutError, errorFromPayload } from "./errors.js";
 import { Files } from "./files.js";
 import { Api, seconds, seg, strMap, type ConnectionOptions } from "./http.js";
@@ -177,6 +178,8 @@ export class Sandbox {
   readonly sandboxId: string;
   /** Run commands and manage their processes. */
   readonly commands: Commands;
+  /** Terminals: an interactive shell, or any command, on a pseudo-terminal. */
+  readonly pty: Terminals;
   /** The sandbox's file system. */
   readonly files: Files;
   private _info: SandboxInfo;
@@ -189,6 +192,7 @@ export class Sandbox {
     this._info = info;
     this.sandboxId = info.sandboxId;
     this.commands = new Commands(api, info.sandboxId);
+    this.pty = new Terminals(api, info.sandboxId);
     this.files = new Files(api, info.sandboxId);
   }
 

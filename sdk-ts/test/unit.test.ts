@@ -377,10 +377,10 @@ describe("public surface", () => {
     const cjs = createRequire(import.meta.url)("sandlot");
     const expected = [
       "AuthenticationError", "BuildError", "BuildStepError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
-      "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
+      "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_SHELL", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
       "GuestError", "HostUnavailableError", "Hosts", "ImageError", "ImageNotFoundError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
-      "Templates", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
+      "Templates", "Terminal", "Terminals", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];
     assert.deepEqual(Object.keys(esm).sort(), expected);
     assert.deepEqual(Object.keys(cjs).sort(), expected);

@@ -43,6 +43,8 @@ from sandlot.sdk import (
     AsyncSnapshot,
     AsyncSnapshots,
     AsyncTemplates,
+    AsyncTerminal,
+    AsyncTerminals,
     ByteStream,
     CommandExitError,
     CommandHandle,
@@ -65,6 +67,8 @@ from sandlot.sdk import (
     Snapshots,
     TemplateInfo,
     Templates,
+    Terminal,
+    Terminals,
     WaitTimeoutError,
 )
 
@@ -90,6 +94,8 @@ __all__ = [
     "AsyncSandboxes",
     "AsyncSnapshots",
     "AsyncTemplates",
+    "AsyncTerminal",
+    "AsyncTerminals",
     "AsyncHosts",
     "Hosts",
     "HostInfo",
@@ -102,6 +108,8 @@ __all__ = [
     "Sandboxes",
     "Snapshots",
     "Templates",
+    "Terminal",
+    "Terminals",
     # models
     "CommandResult",
     "EntryInfo",

@@ -500,6 +500,28 @@ def sandbox_exec(client: Sandlot, sandbox_id: str, cmd: tuple[str, ...], timeout
     click.get_current_context().exit(result.exit_code)
 
 
+@sandbox.command("shell")
+@click.argument("sandbox_id")
+@click.option("--cmd", default="/bin/bash -i -l", show_default=True,
+              help="What to run on the terminal.")
+@_env_option
+@click.option("--cwd", help="Working directory.")
+@click.option("--user", default="root", show_default=True, help="User to run as.")
+@_with_client
+def sandbox_shell(client: Sandlot, sandbox_id: str, cmd: str, env: dict[str, str],
+                  cwd: str | None, user: str) -> None:
+    """Open an interactive terminal in a sandbox; exit with its shell's exit code.
+
+    Every key goes to the sandbox (Ctrl-C too); the terminal's size follows this window.
+    Leave with `exit` or Ctrl-D.
+    """
+    from sandlot.shell import run_shell
+
+    code = run_shell(client.sandboxes.connect(sandbox_id), cmd, env=env or None, cwd=cwd,
+                     user=user)
+    click.get_current_context().exit(code)
+
+
 @sandbox.command("kill")
 @click.argument("sandbox_id")
 @_with_client

@@ -115,3 +115,23 @@ async def test_pause_snapshot_fork():
     finally:
         for box in made:
             await box.kill()
+
+
+async def test_pty():
+    from e2b import PtySize
+
+    sbx = await AsyncSandbox.create(metadata={"suite": "e2b-async-pty"}, timeout=600)
+    try:
+        drawn = bytearray()
+        term = await sbx.pty.create(PtySize(rows=20, cols=70), on_data=drawn.extend)
+        for _ in range(600):  # the prompt: a shell starting up drops what was typed ahead
+            if drawn.rstrip().endswith((b"$", b"#")):
+                break
+            await asyncio.sleep(0.1)
+        await sbx.pty.send_stdin(term.pid, b"stty size; echo $((3*4))z; exit 0\r")
+        result = await term.wait()
+        assert result.exit_code == 0
+        text = drawn.decode(errors="replace")
+        assert "20 70" in text and "12z" in text
+    finally:
+        await sbx.kill()

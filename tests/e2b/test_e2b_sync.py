@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import threading
 import time
 
 import httpx
@@ -66,7 +67,7 @@ def test_info_list_connect_timeout(sbx):
     assert info.template_id == "base" and info.name == "base"
     assert info.metadata == {"suite": "e2b-sync", "owner": "tests"}
     assert info.state == SandboxState.RUNNING
-    assert info.envd_version == "0.5.7" and info.cpu_count >= 1 and info.memory_mb >= 128
+    assert info.envd_version == "0.6.3" and info.cpu_count >= 1 and info.memory_mb >= 128
     assert sbx.is_running()
 
     listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "e2b-sync"})).next_items()
@@ -183,7 +184,11 @@ def test_files_write_read(sbx):
     url = sbx.upload_url("signed/up.txt")
     assert httpx.post(url, files={"file": ("up.txt", b"via url")}).status_code == 200
     assert httpx.get(sbx.download_url("signed/up.txt")).content == b"via url"
-    assert httpx.get(url.replace("signature=v1_", "signature=v1_x")).status_code == 401
+    forged = httpx.get(url.replace("signature=v1_", "signature=v1_x"))
+    assert forged.status_code == 401 and forged.json()["message"] == "invalid signature"
+    expired = httpx.get(sbx.download_url("signed/up.txt", use_signature_expiration=-10))
+    assert expired.status_code == 401  # envd's words, which user code matches on
+    assert expired.json() == {"code": 401, "message": "signature is already expired"}
 
 
 def test_files_list_stat_rename_mkdir_remove(sbx):
@@ -229,6 +234,37 @@ def test_watch_dir(sbx):
     assert ("new.txt", FilesystemEventType.REMOVE) in {(e.name, e.type)
                                                        for e in w.get_new_events()}
     w.stop()
+
+    with_entries = sbx.files.watch_dir("watched", include_entry=True)
+    sbx.files.write("watched/entry.txt", "12345")
+    created = [e for e in with_entries.get_new_events() if e.name == "entry.txt"]
+    assert created and created[0].entry is not None
+    assert created[0].entry.size == 5 and created[0].entry.type == FileType.FILE
+    with_entries.stop()
+
+
+def test_file_metadata_as_e2b_keeps_it(sbx):
+    """files.write(metadata=...): kept as user.e2b.* xattrs, shown by get_info and list,
+    keys lowercased, replaced by an overwrite, kept by a rename, visible when set in the
+    guest out of band."""
+    info = sbx.files.write("meta/a.txt", "a", metadata={"Owner": "alice", "stage": "raw"})
+    assert info.metadata == {"owner": "alice", "stage": "raw"}
+    assert sbx.files.get_info("meta/a.txt").metadata == {"owner": "alice", "stage": "raw"}
+    listed = {e.name: e.metadata for e in sbx.files.list("meta")}
+    assert listed == {"a.txt": {"owner": "alice", "stage": "raw"}}
+    moved = sbx.files.rename("meta/a.txt", "meta/b.txt")
+    assert moved.metadata == {"owner": "alice", "stage": "raw"}
+    sbx.files.write("meta/b.txt", "b", metadata={"stage": "clean"})
+    assert sbx.files.get_info("meta/b.txt").metadata == {"stage": "clean"}
+    sbx.files.write("meta/b.txt", "c")
+    assert sbx.files.get_info("meta/b.txt").metadata is None
+    sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/meta/b.txt', "
+                     "'user.e2b.by', b'guest')\"")
+    assert sbx.files.get_info("meta/b.txt").metadata == {"by": "guest"}
+    from e2b import InvalidArgumentException
+
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.write("meta/c.txt", "c", metadata={"bad key": "x"})
 
 
 def test_pause_and_resume_keep_state():
@@ -308,6 +344,27 @@ def test_snapshots_and_fork():
             box.kill()
 
 
+def test_snapshot_names_as_e2b_takes_them(sbx):
+    """Names E2B accepts: tag-qualified (`name:v1`), with a namespace (`project/name`); the
+    list filter takes them all, and a name without a tag matches each of its tags."""
+    v1 = sbx.create_snapshot(name="e2b-named:v1")
+    v2 = sbx.create_snapshot(name="my-project/e2b-named:v2")
+    try:
+        assert v1.names == ["e2b-named:v1"] and v2.names == ["e2b-named:v2"]
+        ids = lambda name: {s.snapshot_id for s in Sandbox.list_snapshots(name=name).next_items()}  # noqa: E731
+        assert ids("e2b-named:v1") == {v1.snapshot_id}
+        assert ids("my-project/e2b-named:v2") == {v2.snapshot_id}
+        assert ids("e2b-named") == {v1.snapshot_id, v2.snapshot_id}
+        assert ids("no-such-name") == set()
+        restored = Sandbox.create("e2b-named:v1", timeout=300)
+        restored.kill()
+        with pytest.raises(SandboxException):
+            sbx.create_snapshot(name="Bad Name!")
+    finally:
+        Sandbox.delete_snapshot(v1.snapshot_id)
+        Sandbox.delete_snapshot(v2.snapshot_id)
+
+
 def test_metrics_are_sampled_by_the_host(sbx):
     sbx.commands.run("timeout 3 sh -c 'while :; do :; done'; true", timeout=60)
     time.sleep(1.5)  # the test servers sample every second
@@ -336,6 +393,38 @@ def test_paused_at_its_timeout_and_resumed_by_the_next_call():
         box.kill()
 
 
+def test_pty_shell_input_resize_and_kill(sbx):
+    """sandbox.pty as E2B's terminal users drive it: a login shell on a PTY of a size, input,
+    a resize its programs see, the exit status; kill."""
+    from e2b import PtySize
+
+    term = sbx.pty.create(PtySize(rows=24, cols=80), envs={"MARK": "e2b"})
+    drawn = bytearray()
+    drawn_result: list = []
+    follower = threading.Thread(target=lambda: drawn_result.append(
+        term.wait(on_pty=drawn.extend)), daemon=True)
+    follower.start()
+
+    def expect(text: str) -> None:
+        eventually(lambda: text in drawn.decode(errors="replace"), timeout=60)
+
+    eventually(lambda: drawn.rstrip().endswith((b"$", b"#")), timeout=60)  # the prompt
+    sbx.pty.send_stdin(term.pid, b"echo $((6*7))-$MARK-$TERM; stty size\r")
+    expect("42-e2b-xterm-256color")
+    expect("24 80")
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit 0\r")
+    follower.join(60)
+    assert drawn_result and drawn_result[0].exit_code == 0
+    assert "40 100" in drawn.decode(errors="replace")
+    assert sbx.pty.kill(term.pid) is False  # it has exited
+
+    other = sbx.pty.create(PtySize(rows=10, cols=40))
+    assert sbx.pty.kill(other.pid) is True
+    with pytest.raises(CommandExitException):
+        other.wait()
+
+
 def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(Exception) as ei:
         Template.build(Template().from_image("ubuntu:22.04"), "e2b-built")
@@ -346,10 +435,6 @@ def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(SandboxException) as ei:
         sbx.create_snapshot(mode="filesystem")
     assert ei.value.status_code == 400
-    with pytest.raises(SandboxException, match="PTY"):
-        from e2b import PtySize
-
-        sbx.pty.create(PtySize(rows=24, cols=80))
     with pytest.raises(NotFoundException):
         sbx.commands.connect(999999)
     raw = httpx.get(f"{sbx.connection_config.api_url}/volumes",

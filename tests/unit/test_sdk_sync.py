@@ -266,6 +266,39 @@ def test_background_commands(sbx: Sandbox, fast: Fast) -> None:
     assert sbx.commands.list() == []
 
 
+def test_terminals_request_a_pty_and_resize(sbx: Sandbox, fast: Fast) -> None:
+    term = sbx.pty.create(cols=100, rows=30, cmd="cat")
+    body = json.loads(fast.requests[-1].content)
+    assert body["pty"] == {"cols": 100, "rows": 30} and body["background"] is True
+    assert body["timeout"] is None  # a terminal lives until it exits or is killed
+    assert [p.pty for p in sbx.commands.list()] == [True]
+    term.resize(120, 40)
+    assert fast.requests[-1].url.path.endswith(f"/commands/{term.pid}/resize")
+    assert json.loads(fast.requests[-1].content) == {"cols": 120, "rows": 40}
+    with pytest.raises(InvalidArgumentError, match="cols"):
+        sbx.pty.create(cols=0, rows=24)  # refused before anything is sent
+    plain = sbx.commands.start("sleep 100")
+    with pytest.raises(InvalidArgumentError, match="no terminal"):
+        sbx.pty.resize(plain.pid, 80, 24)
+    with httpx.Client(base_url=URL, transport=fast.transport,
+                      headers={"Authorization": f"Bearer {fast.key}"}) as raw:
+        answer = raw.post(f"/v1/sandboxes/{sbx.sandbox_id}/commands",
+                          json={"cmd": "sh", "pty": {"cols": 80, "rows": 24}})
+    assert answer.status_code == 400 and "background" in answer.json()["error"]["message"]
+    term.kill()
+    plain.kill()
+
+
+def test_files_carry_metadata(sbx: Sandbox, fast: Fast) -> None:
+    entry = sbx.files.write("/tmp/m.txt", "m", metadata={"Stage": "raw"})
+    assert fast.requests[-1].headers["x-metadata-stage"] == "raw"
+    assert entry.metadata == {"stage": "raw"}
+    assert sbx.files.stat("/tmp/m.txt").metadata == {"stage": "raw"}
+    assert sbx.files.write("/tmp/m.txt", "n").metadata is None
+    with pytest.raises(InvalidArgumentError):
+        sbx.files.write("/tmp/m.txt", "n", metadata={"bad key": "v"})
+
+
 # -- files ---------------------------------------------------------------------------------
 
 

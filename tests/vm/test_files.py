@@ -52,6 +52,17 @@ def test_list_stat_exists_mkdir_rename_remove(box):
         box.files.read("/tmp")  # a directory
 
 
+def test_file_metadata_written_listed_renamed_replaced(box):
+    entry = box.files.write("/root/meta/a.txt", "a", metadata={"Job": "42"})
+    assert entry.metadata == {"job": "42"}
+    assert box.files.stat("/root/meta/a.txt").metadata == {"job": "42"}
+    box.files.rename("/root/meta/a.txt", "/root/meta/b.txt")
+    assert [e.metadata for e in box.files.list("/root/meta")] == [{"job": "42"}]
+    assert box.files.write("/root/meta/b.txt", "b").metadata is None  # an overwrite clears it
+    with pytest.raises(InvalidArgumentError):
+        box.files.write("/root/meta/c.txt", "c", metadata={"k": "caf\u00e9"})
+
+
 def test_write_as_user_sets_owner(box):
     box.files.write("/home/user/work/notes.txt", "mine", user="user")
     assert box.files.stat("/home/user/work/notes.txt").owner == "user"

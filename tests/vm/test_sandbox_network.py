@@ -294,3 +294,33 @@ def test_no_leftovers_after_kill_and_restart(net_server):
     aliases = [Path(f"/sys/class/net/{n}/ifalias").read_text().strip()
                for n in os.listdir("/sys/class/net") if n.startswith("slv")]
     assert not [a for a in aliases if a.endswith(a_id := b.sandbox_id)], a_id
+
+
+def test_traffic_to_an_exposed_port_resumes_a_paused_auto_resume_sandbox(make):
+    """auto_resume: a paused sandbox's exposed port keeps listening at the same address; a
+    connection to it brings the sandbox back (its server process included) and is served."""
+    box = make(auto_resume=True)
+    box.commands.run("mkdir -p /srv/www && echo awake > /srv/www/index.html && "
+                     "cd /srv/www && python3 -m http.server 8081 >/dev/null 2>&1 &")
+    host = box.get_host(8081)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert httpx.get(f"http://{host}/", timeout=2).text == "awake\n"
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, "the guest's web server did not come up"
+            time.sleep(0.2)
+    box.pause()
+    assert box.get_info().state == "paused"
+    assert httpx.get(f"http://{host}/", timeout=120).text == "awake\n"  # the same address
+    assert box.get_info().state == "running"
+    assert box.get_host(8081) == host
+
+    plain = make()  # without auto_resume a pause closes its ports
+    plain.commands.run("cd /srv && python3 -m http.server 8082 >/dev/null 2>&1 &")
+    plain_host = plain.get_host(8082)
+    plain.pause()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{plain_host}/", timeout=5)
+    assert plain.get_info().state == "paused"

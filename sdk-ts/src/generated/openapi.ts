@@ -271,6 +271,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{sandbox_id}/commands/{pid}/resize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resize
+         * @description Set the size of the terminal of a command started with `pty`.
+         */
+        post: operations["resize_v1_sandboxes__sandbox_id__commands__pid__resize_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{sandbox_id}/commands/{pid}/kill": {
         parameters: {
             query?: never;
@@ -303,7 +323,8 @@ export interface paths {
         get: operations["download_v1_sandboxes__sandbox_id__files_get"];
         /**
          * Upload
-         * @description Write the request body to `path` (streamed; parents are made).
+         * @description Write the request body to `path` (streamed; parents are made). `X-Metadata-<key>`
+         *     headers set the new file's user metadata (keys lowercased), as E2B's envd does.
          */
         put: operations["upload_v1_sandboxes__sandbox_id__files_put"];
         post?: never;
@@ -677,6 +698,8 @@ export interface components {
              * @default false
              */
             background: boolean;
+            /** @description run on a new terminal of this size (TERM=xterm-256color): its output all `stdout`, input through stdin, size through resize; needs `background` */
+            pty?: components["schemas"]["TerminalSize"] | null;
         };
         /** Exists */
         Exists: {
@@ -713,6 +736,10 @@ export interface components {
             mtime: number;
             /** Target */
             target?: string | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
         };
         /** FileList */
         FileList: {
@@ -856,6 +883,10 @@ export interface components {
             mtime: number;
             /** Target */
             target?: string | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
             /** Created */
             created: boolean;
         };
@@ -900,6 +931,11 @@ export interface components {
             exit_code?: number | null;
             /** Started At */
             started_at: number;
+            /**
+             * Pty
+             * @default false
+             */
+            pty: boolean;
         };
         /** ProcessList */
         ProcessList: {
@@ -1170,6 +1206,16 @@ export interface components {
         TemplateList: {
             /** Templates */
             templates: components["schemas"]["TemplateInfo"][];
+        };
+        /**
+         * TerminalSize
+         * @description A terminal's size in characters.
+         */
+        TerminalSize: {
+            /** Cols */
+            cols: number;
+            /** Rows */
+            rows: number;
         };
         /** TimeoutBody */
         TimeoutBody: {
@@ -1799,6 +1845,40 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": components["schemas"]["StdinBody"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    resize_v1_sandboxes__sandbox_id__commands__pid__resize_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                sandbox_id: string;
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TerminalSize"];
             };
         };
         responses: {

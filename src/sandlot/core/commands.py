@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from sandlot.config import Limits
 from sandlot.core.limits import check_command, check_stdin
 from sandlot.core.live import LiveSandbox
-from sandlot.core.models import ExecRequest, ProcessInfo
-from sandlot.errors import CommandTimeoutError, SandlotError
+from sandlot.core.models import ExecRequest, ProcessInfo, TerminalSize
+from sandlot.errors import CommandTimeoutError, InvalidArgumentError, SandlotError
 from sandlot.runtime.base import ExecEvent, Exited, Output, Started
+from sandlot.runtime.base import TerminalSize as GuestTerminalSize
 
 __all__ = ["Commands", "ExecEvent", "Exited", "Output", "Started"]
 
@@ -81,6 +82,9 @@ class Commands:
 
     def _check(self, req: ExecRequest) -> None:
         check_command(self.limits, req.cmd, req.env, req.cwd, req.user, req.stdin)
+        if req.pty is not None and not req.background:
+            raise InvalidArgumentError("a command on a terminal runs in the background: set "
+                                       "background, then follow its output by its pid")
 
     async def run(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         """Run a command: Started, Output..., Exited (exit code 128 + n for signal n).
@@ -144,9 +148,17 @@ class Commands:
         self._check(req)
         live = self.live_of(sandbox_id)
         guest = await live.guest()
+        pty = None if req.pty is None else GuestTerminalSize(req.pty.cols, req.pty.rows)
         return await guest.start(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
-                                 user=req.user or live.record.user or "root", timeout=req.timeout,
-                                 stdin=req.stdin.encode() if req.stdin is not None else None)
+                                 user=req.user or live.record.user or "root",
+                                 timeout=req.timeout,
+                                 stdin=req.stdin.encode() if req.stdin is not None else None,
+                                 pty=pty)
+
+    async def resize(self, sandbox_id: str, pid: int, size: TerminalSize) -> None:
+        """Set the size of a process's terminal (its foreground job gets SIGWINCH)."""
+        guest = await self.live_of(sandbox_id).guest()
+        await guest.resize(pid, GuestTerminalSize(size.cols, size.rows))
 
     async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
         """A process's buffered output, its live output, then its end."""

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
 from sandlot.config import Limits
-from sandlot.core.limits import check_path, check_user
+from sandlot.core.limits import check_file_metadata, check_path, check_user
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import FileInfo, MkdirResult
 from sandlot.errors import InvalidArgumentError
@@ -61,9 +61,14 @@ class Files:
         return size, stream
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes],
-                    user: str | None = None) -> FileInfo:
+                    user: str | None = None, metadata: dict[str, str] | None = None
+                    ) -> FileInfo:
+        """Write a file (a new one: an overwrite replaces its content and its metadata)."""
+        check_file_metadata(self.limits, metadata)
         guest = await self._guest(sandbox_id, path, user=user)
-        return _info(await guest.write(path, chunks, user=user))
+        return _info(await guest.write(path, chunks, user=user,
+                                       metadata={k.lower(): v for k, v in metadata.items()}
+                                       if metadata else None))
 
     async def list(self, sandbox_id: str, path: str, depth: int = 1) -> list[FileInfo]:
         """Entries under `path`, `depth` levels down (at most `limits.list_depth`); a listing

@@ -72,6 +72,24 @@ def check_metadata(limits: Limits, metadata: dict[str, str] | None) -> None:
                                    f"{limits.metadata_bytes}")
 
 
+# What an HTTP header carries (E2B sends file metadata as `X-Metadata-<key>` headers): keys
+# are tokens, values printable US-ASCII.
+_FILE_METADATA_KEY = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+_FILE_METADATA_VALUE = re.compile(r"^[\x20-\x7e]*$")
+
+
+def check_file_metadata(limits: Limits, metadata: dict[str, str] | None) -> None:
+    """A file's user metadata (kept as `user.e2b.<key>` extended attributes in the guest)."""
+    check_metadata(limits, metadata)
+    for key, value in (metadata or {}).items():
+        if not _FILE_METADATA_KEY.match(key):
+            raise InvalidArgumentError(f"file metadata key {key[:100]!r}: use letters, digits "
+                                       "and !#$%&'*+-.^_`|~ only")
+        if not _FILE_METADATA_VALUE.match(value):
+            raise InvalidArgumentError(f"file metadata value of {key!r}: printable US-ASCII "
+                                       "only")
+
+
 def check_egress(limits: Limits, allow_out: list[str], deny_out: list[str]) -> None:
     count = len(allow_out) + len(deny_out)
     if count > limits.egress_rules:

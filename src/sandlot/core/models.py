@@ -167,6 +167,14 @@ class CreateSandbox(SandboxOverrides):
         "pulled and made a template on first use (by digest), a restore after that"))
 
 
+class TerminalSize(BaseModel):
+    """A terminal's size in characters."""
+
+    model_config = ConfigDict(extra="forbid")
+    cols: int = Field(ge=1, le=4096)
+    rows: int = Field(ge=1, le=4096)
+
+
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cmd: str = Field(min_length=1)
@@ -177,6 +185,10 @@ class ExecRequest(BaseModel):
     timeout: float | None = Field(60, ge=0)
     stdin: str | None = None
     background: bool = False
+    pty: TerminalSize | None = Field(
+        None, description="run on a new terminal of this size (TERM=xterm-256color): its "
+                          "output all `stdout`, input through stdin, size through resize; "
+                          "needs `background`")
 
 
 class TemplateInfo(BaseModel):
@@ -214,6 +226,7 @@ class FileInfo(BaseModel):
     owner: str
     mtime: float
     target: str | None = None  # a symlink's
+    metadata: dict[str, str] | None = None  # user metadata, set when it was written
 
 
 class FileList(BaseModel):
@@ -237,6 +250,7 @@ class ProcessInfo(BaseModel):
     running: bool
     exit_code: int | None = None
     started_at: float
+    pty: bool = False  # it runs on a terminal
 
 
 class ProcessList(BaseModel):

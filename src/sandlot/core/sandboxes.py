@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -83,6 +84,8 @@ class SandboxManager:
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
         self._ended: dict[str, str] = {}  # last known state of sandboxes not running here
         self._pausing: set[str] = set()  # paused at their timeout, now
+        # Exposed ports of paused auto-resume sandboxes, still listening (guest -> host).
+        self._parked_ports: dict[str, dict[int, tuple[str, int]]] = {}
         self._tasks: set[asyncio.Task] = set()
 
     # ---- records --------------------------------------------------------------------------
@@ -262,6 +265,7 @@ class SandboxManager:
             if rec.state != SandboxState.PAUSED:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is not running "
                                     f"(state: {rec.state.value})")
+            self._drop_parked_ports(sandbox_id)
             await self._drop_pause_snapshot(rec)
             transition(rec, SandboxState.STOPPED)
             await self._save(rec)
@@ -459,12 +463,17 @@ class SandboxManager:
                 raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}"
                                    ) from e
             rec.paused_snapshot = snap.snapshot_id
+            if rec.auto_resume:  # traffic to its exposed ports brings it back
+                kept = self.runtime.park_ports(live.vm, self._waker(sandbox_id))
+                if kept:
+                    self._parked_ports[sandbox_id] = kept
             await self.teardown(live, SandboxState.PAUSED)
             self._locks[sandbox_id] = live.lock
         try:
             await self.snapshots.upload(snap, captured)
         except SandlotError as e:
             # The state is lost: the sandbox cannot come back.
+            self._drop_parked_ports(sandbox_id)
             rec.error = f"pausing failed: {e.message}"
             rec.paused_snapshot = None
             transition(rec, SandboxState.STOPPED)
@@ -507,8 +516,29 @@ class SandboxManager:
                 await self._save(rec)
                 raise
             await self._drop_pause_snapshot(rec)
+            live = self.live.get(sandbox_id)
+            if live is not None:  # the ports it exposed listened on through the pause
+                live.ports.update(self._parked_ports.pop(sandbox_id, {}))
         self._locks.pop(sandbox_id, None)
         return rec
+
+    def _waker(self, sandbox_id: str) -> Callable[[], Awaitable[None]]:
+        """What a connection to a paused sandbox's exposed port awaits: its resume."""
+
+        async def wake() -> None:
+            if sandbox_id in self.live:
+                return
+            log.info("sandbox %s: traffic to an exposed port resumes it", sandbox_id)
+            with contextlib.suppress(InvalidStateError):  # resumed meanwhile
+                await self.resume(sandbox_id)
+            if sandbox_id not in self.live:
+                raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
+
+        return wake
+
+    def _drop_parked_ports(self, sandbox_id: str) -> None:
+        if self._parked_ports.pop(sandbox_id, None) is not None:
+            self.runtime.drop_parked_ports(sandbox_id)
 
     async def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
         if rec.paused_snapshot:

@@ -109,10 +109,13 @@ class SnapshotManager:
     async def check_name(self, name: str | None, except_id: str | None = None) -> None:
         if name is None:
             return
-        if not NAME_RE.match(name) or name.startswith(("snap-", "sb-")):
+        base, _, tag = name.partition(":")
+        if (not NAME_RE.match(base) or (tag or ":" in name) and not NAME_RE.match(tag)
+                or name.startswith(("snap-", "sb-"))):
             raise InvalidArgumentError(
                 "snapshot names are 1-63 lowercase letters, digits, '.', '_' or '-', "
-                "and may not start with 'snap-' or 'sb-'")
+                "optionally with a tag of the same (`name:tag`), and may not start with "
+                "'snap-' or 'sb-'")
         if await self.db.name_taken(name, except_id):
             raise ConflictError(f"a snapshot named {name!r} already exists")
 

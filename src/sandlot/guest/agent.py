@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import ctypes
+import errno
 import fcntl
 import gc
 import glob
@@ -24,6 +25,7 @@ import stat as statmod
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -33,7 +35,7 @@ from wire import CHUNK_SIZE, MAX_HEADER, FrameDecoder, FrameError, encode  # noq
 
 PORT_NAME = "org.sandlot.agent"
 CAPS = ["exec", "attach", "stdin", "files", "restore", "cpus", "step_clock", "read_credit",
-        "list_limit", "output_credit"]
+        "list_limit", "output_credit", "pty", "file_metadata"]
 # A `read` with `window` sends at most that many data chunks ahead of the host's `credit`
 # frames, so a slow consumer of one file holds back that file only, not the whole link; an
 # `exec` or `attach` with `window` does the same for a process's output (its pipe fills and
@@ -43,11 +45,13 @@ CREDIT_TIMEOUT = 120.0  # s without credit: the host is gone; stop reading
 # attach, but never more than this per process; the oldest chunks are dropped first.
 MAX_BUFFERED_OUTPUT = 8 << 20
 MAX_FINISHED = 256
+TERMINAL_DRAIN = 2.0  # s a terminal's last output may take to arrive after its process ended
 # Why: a `list` answer is one frame header (at most MAX_HEADER): stop walking well before it.
 MAX_LIST_ENTRIES = 100000
 LIST_REPLY_BYTES = MAX_HEADER - (64 << 10)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/run/sandlot"
+METADATA_PREFIX = "user.e2b."  # a file's user metadata: extended attributes, as E2B keeps them
 
 # Requests and output pumps run on long-lived threads: starting a thread per request costs a
 # lot under emulation, and threads that exist when a template is snapshotted are reused by
@@ -127,9 +131,13 @@ class Channel:
 class Proc:
     """A process started by exec, with its buffered output and its subscribers."""
 
-    def __init__(self, agent: Agent, popen: subprocess.Popen, cmd: str, user: str) -> None:
+    def __init__(self, agent: Agent, popen: subprocess.Popen, cmd: str, user: str,
+                 master: int | None = None) -> None:
         self.agent = agent
         self.popen = popen
+        self.master = master  # a terminal's master side: its input, output and size
+        self.hung_up = False  # set once the process ended: the terminal's pump stops
+        self.exited = threading.Event()  # its process has been waited for
         self.pid = popen.pid
         self.cmd = cmd
         self.user = user
@@ -221,6 +229,7 @@ class Proc:
             "running": not self.done,
             "exit_code": self.exit_code,
             "started_at": self.started,
+            "pty": self.master is not None,
         }
 
 
@@ -381,6 +390,9 @@ class Agent:
             pw = pwd.getpwnam(user)
         except KeyError:
             raise AgentError("invalid", f"no such user: {user}") from None
+        size = h.get("pty")
+        if size is not None and not isinstance(size, dict):
+            raise AgentError("invalid", "pty must be an object with cols and rows")
         env = {
             "PATH": DEFAULT_PATH,
             "HOME": pw.pw_dir,
@@ -390,6 +402,8 @@ class Agent:
             "LANG": "C.UTF-8",
             "SANDLOT_GENERATION": self.generation,
         }
+        if size is not None:
+            env["TERM"] = "xterm-256color"
         env.update(self.env)
         env.update({str(k): str(v) for k, v in (h.get("env") or {}).items()})
         cwd = h.get("cwd") or pw.pw_dir
@@ -400,18 +414,22 @@ class Agent:
         if pw.pw_uid != os.getuid():  # only then: without them Popen can use vfork (faster)
             identity = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [
                 g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem]}
-        popen = subprocess.Popen(
-            ["/bin/bash", "-c", cmd],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            **identity,
-        )
-        proc = Proc(self, popen, cmd, user)
+        master = None
+        if size is None:
+            popen = subprocess.Popen(
+                ["/bin/bash", "-c", cmd],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                **identity,
+            )
+        else:
+            master, popen = spawn_on_terminal(cmd, cwd, env, identity, size)
+        proc = Proc(self, popen, cmd, user, master)
         if h.get("track", True):  # the host's own warm-up runs are not listed
             with self.procs_lock:
                 self.procs[proc.pid] = proc
@@ -422,12 +440,17 @@ class Agent:
             if window > 0:
                 proc.credits[rid] = self.reads[rid] = ReadCredits(window)
         self.chan.send({"id": rid, "ok": True, "pid": proc.pid, "event": "start"})
-        readers = [POOL.submit(pump, popen.stdout, proc, "stdout"),
-                   POOL.submit(pump, popen.stderr, proc, "stderr")]
-        if stdin_data is not None:
-            POOL.submit(feed_stdin, popen, stdin_data, True)
-        elif not h.get("keep_stdin"):
-            popen.stdin.close()
+        if master is not None:
+            readers = [POOL.submit(pump_terminal, proc)]
+            if stdin_data:
+                write_all(master, stdin_data)
+        else:
+            readers = [POOL.submit(pump, popen.stdout, proc, "stdout"),
+                       POOL.submit(pump, popen.stderr, proc, "stderr")]
+            if stdin_data is not None:
+                POOL.submit(feed_stdin, popen, stdin_data, True)
+            elif not h.get("keep_stdin"):
+                popen.stdin.close()
         timeout = h.get("timeout")
         try:
             code = popen.wait(float(timeout) if timeout else None)
@@ -437,10 +460,15 @@ class Agent:
             code = popen.wait()
         # A backgrounded grandchild may hold the pipes open: don't wait for it; but do wait
         # for output that only waits for the host's credit (it comes before the exit).
+        proc.exited.set()
+        # A terminal's output drains through one more hop (the line discipline): give it
+        # longer, unless background jobs keep the terminal open.
+        until = time.monotonic() + (TERMINAL_DRAIN if master is not None else 0.2)
         while True:
             _, pending = concurrent.futures.wait(readers, timeout=0.2)
-            if not pending or not proc.waiting:
+            if not pending or (not proc.waiting and time.monotonic() >= until):
                 break
+        proc.hung_up = True  # a terminal's background jobs no longer hold its output open
         proc.finish(code)
         return None
 
@@ -469,7 +497,19 @@ class Agent:
         proc = self.get_proc(h)
         if proc.done:
             raise AgentError("invalid", f"process {proc.pid} has exited")
-        feed_stdin(proc.popen, payload, bool(h.get("eof")))
+        if proc.master is not None:
+            write_all(proc.master, payload + (b"\x04" if h.get("eof") else b""))
+        else:
+            feed_stdin(proc.popen, payload, bool(h.get("eof")))
+        return {}
+
+    def op_resize(self, rid, h, _p):
+        proc = self.get_proc(h)
+        if proc.master is None:
+            raise AgentError("invalid", f"process {proc.pid} has no terminal")
+        if proc.done:
+            raise AgentError("invalid", f"process {proc.pid} has exited")
+        set_window_size(proc.master, h)  # the kernel sends SIGWINCH to its foreground group
         return {}
 
     def op_kill(self, rid, h, _p):
@@ -528,13 +568,16 @@ class Agent:
         f = open(tmp, "wb")
         if payload:
             f.write(payload)
-        self.uploads[rid] = (f, tmp, path, owner, h.get("mode"))
+        metadata = h.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise AgentError("invalid", "metadata must be an object of strings")
+        self.uploads[rid] = (f, tmp, path, owner, h.get("mode"), metadata)
         if h.get("eof"):
             self.upload_frame(rid, "end", b"")
         return None
 
     def upload_frame(self, rid: int, op: str, payload: bytes) -> None:
-        f, tmp, path, owner, mode = self.uploads[rid]
+        f, tmp, path, owner, mode, metadata = self.uploads[rid]
         try:
             if op == "chunk":
                 f.write(payload)
@@ -545,6 +588,8 @@ class Agent:
                 os.chmod(tmp, int(mode))
             if owner:
                 os.chown(tmp, *owner)
+            # A new file each time: an overwrite replaces the whole metadata set.
+            write_metadata(tmp, metadata)
             os.replace(tmp, path)
             self.chan.send({"id": rid, "ok": True, **entry(path)})
         except OSError as e:
@@ -628,6 +673,71 @@ def pump(pipe, proc: Proc, stream: str) -> None:
     pipe.close()
 
 
+def spawn_on_terminal(cmd: str, cwd: str, env: dict, identity: dict, size: dict
+                      ) -> tuple[int, subprocess.Popen]:
+    """Start `cmd` in a new session whose controlling terminal is a new pseudo-terminal;
+    returns the master side and the process."""
+    master, slave = os.openpty()
+    try:
+        set_window_size(master, size)
+        popen = subprocess.Popen(
+            ["/bin/bash", "-c", cmd], stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+            env=env, start_new_session=True, close_fds=True,
+            # Runs in the child after setsid: the terminal becomes its controlling one. The
+            # only Python run between fork and exec, and only for terminals.
+            preexec_fn=take_terminal, **identity)
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return master, popen
+
+
+def take_terminal() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def set_window_size(fd: int, size: dict) -> None:
+    cols, rows = size.get("cols"), size.get("rows")
+    if not (isinstance(cols, int) and isinstance(rows, int) and 0 < cols <= 4096
+            and 0 < rows <= 4096):
+        raise AgentError("invalid", "a terminal's cols and rows are integers from 1 to 4096")
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def pump_terminal(proc: Proc) -> None:
+    """A terminal's output until every process on it is gone (EIO) or its first process
+    ended (`hung_up`: background jobs then lose the terminal); closes the master side."""
+    fd = proc.master
+    try:
+        while not proc.hung_up:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: no process has the terminal open
+                break
+            if not data:
+                break
+            proc.emit("stdout", data)
+    finally:
+        # Closing the master hangs the terminal up: SIGHUP to its session. A process that
+        # closed its stdio (EIO above) may still be running its last code: wait for it.
+        proc.exited.wait()
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except OSError:  # the terminal is gone
+            return
+
+
 def feed_stdin(popen: subprocess.Popen, data: bytes, eof: bool) -> None:
     try:
         if data:
@@ -700,7 +810,34 @@ def entry(path: str) -> dict:
     }
     if kind == "symlink":
         out["target"] = os.readlink(path)
+    else:
+        metadata = read_metadata(path)
+        if metadata:
+            out["metadata"] = metadata
     return out
+
+
+def write_metadata(path: str, metadata: dict) -> None:
+    """User metadata as `user.e2b.<key>` extended attributes (E2B's envd keeps it so); a
+    file system without user xattrs (tmpfs before Linux 6.6) keeps none, and the answer's
+    entry, read back, says so."""
+    for key, value in metadata.items():
+        try:
+            os.setxattr(path, METADATA_PREFIX + str(key).lower(), str(value).encode())
+        except OSError as e:
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                return
+            raise
+
+
+def read_metadata(path: str) -> dict:
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False)
+                 if n.startswith(METADATA_PREFIX)]
+        return {n[len(METADATA_PREFIX):]: os.getxattr(path, n, follow_symlinks=False)
+                .decode(errors="replace") for n in names}
+    except OSError:
+        return {}
 
 
 def reseed(entropy: bytes) -> None:

@@ -97,16 +97,21 @@ class FileEntry:
     owner: str
     mtime: float
     target: str | None = None
+    metadata: dict[str, str] | None = None  # user metadata (`user.e2b.*` xattrs)
 
     @classmethod
     def parse(cls, d: Any) -> FileEntry:
         if not isinstance(d, dict):
             raise GuestError("agent sent an entry that is not an object")
+        metadata = _get(d, "metadata", dict, None)
+        if metadata is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise GuestError("agent sent file metadata that is not strings")
         return cls(name=_get(d, "name", str), path=_get(d, "path", str),
                    type=_get(d, "type", str), size=_get(d, "size", int),
                    mode=_get(d, "mode", int), owner=_get(d, "owner", str),
                    mtime=float(_get(d, "mtime", (int, float))),
-                   target=_get(d, "target", str, None))
+                   target=_get(d, "target", str, None), metadata=metadata or None)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class ProcessInfo:
     running: bool
     exit_code: int | None
     started_at: float
+    pty: bool = False  # it runs on a terminal
 
     @classmethod
     def parse(cls, d: Any) -> ProcessInfo:
@@ -126,7 +132,17 @@ class ProcessInfo:
             raise GuestError("agent sent a process that is not an object")
         return cls(pid=_get(d, "pid", int), cmd=_get(d, "cmd", str), user=_get(d, "user", str),
                    running=_get(d, "running", bool), exit_code=_get(d, "exit_code", int, None),
-                   started_at=float(_get(d, "started_at", (int, float))))
+                   started_at=float(_get(d, "started_at", (int, float))),
+                   pty=_get(d, "pty", bool, False))
+
+
+@dataclass(frozen=True)
+class TerminalSize:
+    cols: int
+    rows: int
+
+    def fields(self) -> dict:
+        return {"cols": self.cols, "rows": self.rows}
 
 
 @dataclass(frozen=True)
@@ -542,14 +558,23 @@ class AgentClient:
 
     async def start(self, cmd: str, *, env: dict[str, str] | None = None,
                     cwd: str | None = None, user: str | None = None,
-                    timeout: float | None = None, stdin: bytes | None = None) -> int:
+                    timeout: float | None = None, stdin: bytes | None = None,
+                    pty: TerminalSize | None = None) -> int:
         """Start `cmd` in the background; returns its pid. Without `stdin` its input stays
-        open for `send_stdin`."""
+        open for `send_stdin`. With `pty`, it runs on a new terminal of that size."""
+        if pty is not None and not self.has_cap("pty"):
+            raise InvalidArgumentError("this sandbox's guest agent predates terminals: "
+                                       "rebuild its template")
         reply = await self._request("exec", stdin or b"", cmd=cmd, env=env or {}, cwd=cwd,
                                     user=user, timeout=timeout or None,
                                     stdin=stdin is not None, stream=False,
-                                    keep_stdin=stdin is None)
+                                    keep_stdin=stdin is None,
+                                    pty=None if pty is None else pty.fields())
         return _get(reply, "pid", int)
+
+    async def resize(self, pid: int, size: TerminalSize) -> None:
+        """Set the size of process `pid`'s terminal."""
+        await self._request("resize", pid=pid, **size.fields())
 
     async def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
         """The output of process `pid` (what it buffered first, with `replay`), then its end."""
@@ -591,15 +616,21 @@ class AgentClient:
         return size, chunks()
 
     async def write(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
-                    mode: int | None = None) -> FileEntry:
-        """Write a file from an async iterator of byte chunks without holding it whole."""
+                    mode: int | None = None, metadata: dict[str, str] | None = None
+                    ) -> FileEntry:
+        """Write a file from an async iterator of byte chunks without holding it whole;
+        `metadata` replaces the file's user metadata."""
         self._require_ready()
+        if metadata and not self.has_cap("file_metadata"):
+            raise InvalidArgumentError("this sandbox's guest agent predates file metadata: "
+                                       "rebuild its template")
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
             await self._send(request_header(rid, "write", {"path": path, "user": user,
-                                                           "mode": mode}))
+                                                           "mode": mode,
+                                                           "metadata": metadata or None}))
             async for chunk in chunks:
                 for i in range(0, len(chunk), CHUNK_SIZE):
                     if fut.done():

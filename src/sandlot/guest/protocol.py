@@ -13,9 +13,9 @@ from dataclasses import dataclass
 PROTO_VERSION = 1
 
 # Fields of a file system entry (stat, list, write, mkdir, rename answer with these).
-ENTRY_FIELDS = ("name", "path", "type", "size", "mode", "owner", "mtime", "target")
+ENTRY_FIELDS = ("name", "path", "type", "size", "mode", "owner", "mtime", "target", "metadata")
 # Fields of one process in a `ps` answer.
-PROCESS_FIELDS = ("pid", "cmd", "user", "running", "exit_code", "started_at")
+PROCESS_FIELDS = ("pid", "cmd", "user", "running", "exit_code", "started_at", "pty")
 # Error types an error reply may carry.
 ERROR_TYPES = ("not_found", "invalid", "permission", "internal")
 # Frames that continue a request already sent (same id), not ops of their own.
@@ -45,20 +45,23 @@ OPS: dict[str, Op] = {op.name: op for op in (
            "/run/sandlot/generation, onlines cpus; freeze: gc.freeze() before a template "
            "snapshot"),
     Op("exec", ("cmd", "env", "cwd", "user", "timeout", "stdin", "stream", "keep_stdin",
-                "track", "window"), ("pid",), ("start", "stdout", "stderr", "exit"),
+                "track", "window", "pty"), ("pid",), ("start", "stdout", "stderr", "exit"),
        payload=True, doc="runs bash -c cmd in its own process group; stdin: the payload is "
                          "its input; with window, at most that many output events ahead of "
-                         "credits"),
+                         "credits; pty {cols, rows}: in a new session on a pseudo-terminal "
+                         "(TERM=xterm-256color), its output all `stdout`"),
     Op("attach", ("pid", "replay", "window"), (), ("stdout", "stderr", "exit"),
        doc="buffered output (replay), then live output, then exit; window as for exec"),
-    Op("stdin", ("pid", "eof"), (), payload=True, doc="writes the payload to a process"),
+    Op("stdin", ("pid", "eof"), (), payload=True,
+       doc="writes the payload to a process (eof on a terminal: Ctrl-D)"),
+    Op("resize", ("pid", "cols", "rows"), (), doc="sets a terminal's size (SIGWINCH)"),
     Op("kill", ("pid", "signal"), ("killed",), doc="signals a process group"),
     Op("ps", ("all",), ("processes",), doc="processes exec started (running ones unless all)"),
     Op("read", ("path", "window"), ("end",), ("begin", "data"),
        doc="streams a file; with window, at most that many data events ahead of credits"),
-    Op("write", ("path", "user", "mode", "eof"), ENTRY_FIELDS, payload=True,
+    Op("write", ("path", "user", "mode", "eof", "metadata"), ENTRY_FIELDS, payload=True,
        doc="then chunk frames with payloads and an end frame; written to a temp file and "
-           "renamed into place"),
+           "renamed into place; metadata: `user.e2b.<key>` xattrs of the new file"),
     Op("list", ("path", "depth", "max_entries"), ("entries",),
        doc="entries under a directory; more than max_entries (or a reply over the frame "
            "limit) is an `invalid` error"),

@@ -10,7 +10,7 @@ need no VM. Core depends on this module only, never on vmm or guest directly.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +23,7 @@ from sandlot.guest.client import (
     Output,
     ProcessInfo,
     Started,
+    TerminalSize,
 )
 from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
@@ -113,14 +114,17 @@ class Guest(Protocol):
              stdin: bytes | None = None) -> AsyncIterator[ExecEvent]: ...
     async def start(self, cmd: str, *, env: dict[str, str] | None = None,
                     cwd: str | None = None, user: str | None = None,
-                    timeout: float | None = None, stdin: bytes | None = None) -> int: ...
+                    timeout: float | None = None, stdin: bytes | None = None,
+                    pty: TerminalSize | None = None) -> int: ...
+    async def resize(self, pid: int, size: TerminalSize) -> None: ...
     def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]: ...
     async def send_stdin(self, pid: int, data: bytes, eof: bool = False) -> None: ...
     async def kill(self, pid: int, signal: int = 9) -> bool: ...
     async def processes(self, all: bool = False) -> list[ProcessInfo]: ...
     async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]: ...
     async def write(self, path: str, chunks: AsyncIterator[bytes], user: str | None = None,
-                    mode: int | None = None) -> FileEntry: ...
+                    mode: int | None = None, metadata: dict[str, str] | None = None
+                    ) -> FileEntry: ...
     async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
                        ) -> list[FileEntry]: ...
     async def stat(self, path: str) -> FileEntry: ...
@@ -240,6 +244,16 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
         """A host address and port that reach `port` inside the VM."""
+
+    def park_ports(self, vm: Vm, waker: Callable[[], Awaitable[None]]
+                   ) -> dict[int, tuple[str, int]]:
+        """Before a pause: keep the VM's exposed ports listening after it is killed; a
+        connection awaits `waker` (which restores it under the same id), then is relayed. The
+        next VM of that id adopts them. Returns the ports kept. Default: none are."""
+        return {}
+
+    def drop_parked_ports(self, vm_id: str) -> None:  # noqa: B027 - optional
+        """Close the ports `park_ports` kept (the sandbox will not come back)."""
 
     @abc.abstractmethod
     async def recover(self, expected: dict[str, NetworkPolicy | None],

@@ -45,6 +45,7 @@ from sandlot.runtime.base import (
     Runtime,
     Started,
     Stored,
+    TerminalSize,
     Usage,
     Vm,
 )
@@ -65,6 +66,7 @@ class GuestState:
     dirs: set[str] = field(default_factory=lambda: {"/", "/tmp", "/root", "/home",
                                                     "/home/user"})
     env: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, dict[str, str]] = field(default_factory=dict)  # a file's user metadata
 
 
 @dataclass
@@ -80,6 +82,7 @@ class _Proc:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     hung: bool = False  # `hang`: the fake agent stops answering for this process
+    terminal: TerminalSize | None = None
 
 
 class FakeGuest:
@@ -237,8 +240,18 @@ class FakeGuest:
         return self._events(self._spawn(cmd, env, cwd, user, timeout, stdin), True, True)
 
     async def start(self, cmd: str, *, env=None, cwd=None, user=None, timeout=None,
-                    stdin=None) -> int:
-        return self._spawn(cmd, env, cwd, user, timeout, stdin).pid
+                    stdin=None, pty: TerminalSize | None = None) -> int:
+        proc = self._spawn(cmd, env, cwd, user, timeout, stdin)
+        proc.terminal = pty
+        return proc.pid
+
+    async def resize(self, pid: int, size: TerminalSize) -> None:
+        proc = self._proc(pid)
+        if proc.terminal is None:
+            raise InvalidArgumentError(f"process {pid} has no terminal")
+        if proc.exit is not None:
+            raise InvalidArgumentError(f"process {pid} has exited")
+        proc.terminal = size
 
     def attach(self, pid: int, replay: bool = True) -> AsyncIterator[ExecEvent]:
         return self._events(self._proc(pid), replay, False)
@@ -272,7 +285,7 @@ class FakeGuest:
         self._check()
         return [ProcessInfo(pid=p.pid, cmd=p.cmd, user=p.user, running=p.exit is None,
                             exit_code=p.exit.exit_code if p.exit else None,
-                            started_at=p.started_at)
+                            started_at=p.started_at, pty=p.terminal is not None)
                 for p in self.procs.values() if all or p.exit is None]
 
     # ---- files ----------------------------------------------------------------------------
@@ -288,7 +301,7 @@ class FakeGuest:
         if path in self.state.files:
             return FileEntry(name=posixpath.basename(path), path=path, type="file",
                              size=len(self.state.files[path]), mode=0o644, owner="root",
-                             mtime=0.0)
+                             mtime=0.0, metadata=self.state.metadata.get(path) or None)
         raise NotFoundError(f"{path}: no such file or directory")
 
     async def read(self, path: str) -> tuple[int, AsyncIterator[bytes]]:
@@ -304,7 +317,7 @@ class FakeGuest:
         return len(data), chunks()
 
     async def write(self, path: str, chunks: AsyncIterator[bytes], user=None,
-                    mode=None) -> FileEntry:
+                    mode=None, metadata=None) -> FileEntry:
         self._check()
         if path in self.state.dirs:
             raise InvalidArgumentError(f"{path}: is a directory")
@@ -313,6 +326,7 @@ class FakeGuest:
             data += chunk
         self._make_dirs(posixpath.dirname(path))
         self.state.files[path] = bytes(data)
+        self.state.metadata[path] = dict(metadata or {})
         return self._entry(path)
 
     def _make_dirs(self, path: str) -> bool:
@@ -364,6 +378,7 @@ class FakeGuest:
         self._entry(src)
         if src in self.state.files:
             self.state.files[dst] = self.state.files.pop(src)
+            self.state.metadata[dst] = self.state.metadata.pop(src, {})
         else:
             for p in [p for p in self.state.files if p.startswith(src + "/")]:
                 self.state.files[dst + p[len(src):]] = self.state.files.pop(p)

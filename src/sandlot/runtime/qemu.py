@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -462,6 +463,14 @@ class QemuRuntime(Runtime):
 
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
         return await self._networking().expose(vm.id, port)
+
+    def park_ports(self, vm: Vm, waker: Callable[[], Awaitable[None]]
+                   ) -> dict[int, tuple[str, int]]:
+        return self.network.manager.park(vm.id, waker) if self.network else {}
+
+    def drop_parked_ports(self, vm_id: str) -> None:
+        if self.network is not None:
+            self.network.manager.unpark(vm_id)
 
     # ---- recovery and shutdown ------------------------------------------------------------
 

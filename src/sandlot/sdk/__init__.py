@@ -15,6 +15,7 @@ from ._async._commands import AsyncCommandHandle, AsyncCommands
 from ._async._files import AsyncFiles
 from ._async._http import AsyncByteStream
 from ._async._sandbox import AsyncForkList, AsyncSandbox, AsyncSnapshot
+from ._async._terminals import AsyncTerminal, AsyncTerminals
 from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
 from ._models import (
     CommandResult,
@@ -31,6 +32,7 @@ from ._sync._commands import CommandHandle, Commands
 from ._sync._files import Files
 from ._sync._http import ByteStream
 from ._sync._sandbox import ForkList, Sandbox, Snapshot
+from ._sync._terminals import Terminal, Terminals
 
 __all__ = [
     "AsyncByteStream",
@@ -45,6 +47,8 @@ __all__ = [
     "AsyncSnapshot",
     "AsyncSnapshots",
     "AsyncTemplates",
+    "AsyncTerminal",
+    "AsyncTerminals",
     "ByteStream",
     "CommandExitError",
     "CommandHandle",
@@ -67,5 +71,7 @@ __all__ = [
     "Snapshots",
     "TemplateInfo",
     "Templates",
+    "Terminal",
+    "Terminals",
     "WaitTimeoutError",
 ]

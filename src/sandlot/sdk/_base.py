@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class Request:
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
     timeout: httpx.Timeout | None = None  # this call's own, when the client's is too short
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def epoch(when: Any) -> float | None:
@@ -199,15 +201,29 @@ def create_snapshot(sandbox_id: str, name: str | None = None) -> Request:
 
 def run_command(sandbox_id: str, cmd: str, *, timeout: float | None, env: dict[str, str] | None,
                 cwd: str | None, user: str | None, stdin: str | bytes | None, background: bool,
-                ) -> Request:
+                pty: tuple[int, int] | None = None) -> Request:
     if not isinstance(cmd, str) or not cmd:
         raise InvalidArgumentError("cmd must be a non-empty string")
     if isinstance(stdin, bytes):
         stdin = stdin.decode("utf-8")
-    return Request("POST", _sb(sandbox_id) + "/commands", json={
-        "cmd": cmd, "env": _str_dict(env, "env") or {}, "cwd": cwd, "user": user,
-        "timeout": timeout or None, "stdin": stdin, "background": background,
-    })
+    body = {"cmd": cmd, "env": _str_dict(env, "env") or {}, "cwd": cwd, "user": user,
+            "timeout": timeout or None, "stdin": stdin, "background": background}
+    if pty is not None:
+        body["pty"] = terminal_size(*pty)
+    return Request("POST", _sb(sandbox_id) + "/commands", json=body)
+
+
+def terminal_size(cols: int, rows: int) -> dict[str, int]:
+    for name, value in (("cols", cols), ("rows", rows)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+            raise InvalidArgumentError(f"a terminal's {name} must be an integer from 1 to "
+                                       f"4096, got {value!r}")
+    return {"cols": cols, "rows": rows}
+
+
+def resize_terminal(sandbox_id: str, pid: int, cols: int, rows: int) -> Request:
+    return Request("POST", f"{_sb(sandbox_id)}/commands/{int(pid)}/resize",
+                   json=terminal_size(cols, rows))
 
 
 def list_commands(sandbox_id: str) -> Request:
@@ -242,8 +258,22 @@ def read_file(sandbox_id: str, path: str, fmt: str = "bytes") -> Request:
     return Request("GET", _sb(sandbox_id) + "/files", params={"path": _path(path)})
 
 
-def write_file(sandbox_id: str, path: str, user: str = "root") -> Request:
-    return Request("PUT", _sb(sandbox_id) + "/files", params={"path": _path(path), "user": user})
+# File metadata travels as `X-Metadata-<key>` headers: keys are tokens, values printable ASCII.
+_METADATA_KEY = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+_METADATA_VALUE = re.compile(r"^[\x20-\x7e]*$")
+
+
+def write_file(sandbox_id: str, path: str, user: str = "root",
+               metadata: dict[str, str] | None = None) -> Request:
+    headers = {}
+    for key, value in (_str_dict(metadata, "metadata") or {}).items():
+        if not _METADATA_KEY.match(key) or not _METADATA_VALUE.match(value):
+            raise InvalidArgumentError(
+                f"file metadata {key[:100]!r}: keys are letters, digits and !#$%&'*+-.^_`|~; "
+                "values printable US-ASCII")
+        headers[f"X-Metadata-{key}"] = value
+    return Request("PUT", _sb(sandbox_id) + "/files", params={"path": _path(path), "user": user},
+                   headers=headers)
 
 
 def list_files(sandbox_id: str, path: str, depth: int = 1) -> Request:

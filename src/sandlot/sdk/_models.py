@@ -118,6 +118,7 @@ class ProcessInfo(_Model):
     running: bool = True
     exit_code: int | None = None
     started_at: float | None = None
+    pty: bool = False  # it runs on a terminal (``sbx.pty``)
 
 
 class EntryInfo(_Model):
@@ -130,6 +131,8 @@ class EntryInfo(_Model):
     mode: int | None = None
     owner: str | None = None
     mtime: float | None = None
+    target: str | None = None  # a symlink's
+    metadata: dict[str, str] | None = None  # user metadata given when it was written
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """Request bodies are bounded: a JSON body over `Limits.body_bytes` is refused with 413 before
 it is read whole (by its Content-Length, or as it streams in). File uploads are streamed to
 the guest, never held, and streaming E2B RPCs are read one message at a time: those are not
-bounded here."""
+bounded here. A file upload's user metadata comes in headers (`metadata_headers`)."""
 
 from __future__ import annotations
 
 import json
 import re
+
+from starlette.requests import Request
 
 from sandlot.errors import PayloadTooLargeError
 
@@ -82,3 +84,12 @@ class BodyLimit:
                                 (b"content-length", str(len(data)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": data})
+
+
+METADATA_HEADER = "x-metadata-"  # Starlette's header names are lowercase
+
+
+def metadata_headers(request: Request) -> dict[str, str]:
+    """A file's user metadata from `X-Metadata-<key>` headers (keys lowercased), as envd."""
+    return {name[len(METADATA_HEADER):]: value for name, value in request.headers.items()
+            if name.startswith(METADATA_HEADER) and len(name) > len(METADATA_HEADER)}

@@ -1,4 +1,5 @@
-"""/v1/sandboxes/{id}/commands: run (streamed NDJSON), background, list, attach, stdin, kill."""
+"""/v1/sandboxes/{id}/commands: run (streamed NDJSON), background (on a terminal with `pty`),
+list, attach, stdin, resize, kill."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from sandlot.core.models import CommandEvent, ExecRequest, Killed, ProcessList, Started
+from sandlot.core.models import (
+    CommandEvent,
+    ExecRequest,
+    Killed,
+    ProcessList,
+    Started,
+    TerminalSize,
+)
 from sandlot.errors import InvalidArgumentError
 from sandlot.server.deps import core, ndjson
 
@@ -61,6 +69,13 @@ async def attach(sandbox_id: str, pid: int, request: Request):
 @router.post("/{pid}/stdin", status_code=204)
 async def send_stdin(sandbox_id: str, pid: int, body: StdinBody, request: Request) -> Response:
     await core(request).commands.send_stdin(sandbox_id, pid, body.data.encode(), body.eof)
+    return Response(status_code=204)
+
+
+@router.post("/{pid}/resize", status_code=204)
+async def resize(sandbox_id: str, pid: int, body: TerminalSize, request: Request) -> Response:
+    """Set the size of the terminal of a command started with `pty`."""
+    await core(request).commands.resize(sandbox_id, pid, body)
     return Response(status_code=204)
 
 

@@ -7,6 +7,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from sandlot.core.models import Exists, FileInfo, FileList, MkdirResult
+from sandlot.server.body import metadata_headers
 from sandlot.server.deps import core
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/files", tags=["files"])
@@ -34,8 +35,10 @@ async def download(sandbox_id: str, path: str, request: Request) -> StreamingRes
 @router.put("", response_model=FileInfo)
 async def upload(sandbox_id: str, path: str, request: Request, user: str | None = None
                  ) -> FileInfo:
-    """Write the request body to `path` (streamed; parents are made)."""
-    return await core(request).files.write(sandbox_id, path, request.stream(), user)
+    """Write the request body to `path` (streamed; parents are made). `X-Metadata-<key>`
+    headers set the new file's user metadata (keys lowercased), as E2B's envd does."""
+    return await core(request).files.write(sandbox_id, path, request.stream(), user,
+                                           metadata_headers(request))
 
 
 @router.get("/list", response_model=FileList)

@@ -48,12 +48,12 @@ import re
 import socket
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from sandlot import filelock
-from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
+from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError, SandlotError
 
 __all__ = [
     "DNS_ADDRESS", "GATEWAY_ADDRESS", "GUEST_ADDRESS", "GUEST_PREFIX", "NetworkManager",
@@ -370,6 +370,7 @@ class NetworkManager:
         self._nets: dict[str, SandboxNetwork] = {}
         self._reserved: set[int] = set()
         self._forwarders: dict[str, PortForwarder] = {}
+        self._parked: dict[str, PortForwarder] = {}  # ports kept listening while paused
         self._lock = threading.Lock()
         self._base_ready = False
 
@@ -420,7 +421,33 @@ class NetworkManager:
                 self._reserved.discard(slot)
         with self._lock:
             self._nets[sandbox_id] = net
+            parked = self._parked.pop(sandbox_id, None)
+            if parked is not None:  # its exposed ports outlived a pause: they relay here again
+                parked.netns, parked.waker = net.namespace, None
+                self._forwarders[sandbox_id] = parked
         return net
+
+    def park(self, sandbox_id: str, waker: Waker) -> dict[int, tuple[str, int]]:
+        """Keep the sandbox's exposed ports listening through its coming teardown (a pause):
+        a connection to one of them first awaits `waker` (which brings the sandbox back),
+        then is relayed as usual. The next `setup` of the sandbox adopts them. Returns the
+        ports kept (guest port -> host address)."""
+        with self._lock:
+            forwarder = self._forwarders.pop(sandbox_id, None)
+            if forwarder is None or not forwarder.ports():
+                if forwarder is not None:
+                    self._forwarders[sandbox_id] = forwarder
+                return {}
+            forwarder.waker = waker
+            self._parked[sandbox_id] = forwarder
+            return forwarder.ports()
+
+    def unpark(self, sandbox_id: str) -> None:
+        """Close the ports kept by `park` (the sandbox will not come back)."""
+        with self._lock:
+            forwarder = self._parked.pop(sandbox_id, None)
+        if forwarder is not None:
+            forwarder.close()
 
     def update_egress(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         """Replace the sandbox's egress rules atomically; existing connections are affected too."""
@@ -701,11 +728,15 @@ class NetworkManager:
         _run_all(commands)
 
 
+Waker = Callable[[], Awaitable[None]]
+
+
 class PortForwarder:
     """Relays TCP connections from 127.0.0.1 on the host to a port of the guest.
 
     Each accepted connection gets an upstream socket created inside ``netns`` and connected
-    to ``target``; bytes are copied both ways, half-closes included. Use from one event loop.
+    to ``target``; bytes are copied both ways, half-closes included. While ``waker`` is set
+    (the sandbox is paused), a connection first awaits it. Use from one event loop.
     """
 
     def __init__(self, netns: str, target: str = GUEST_ADDRESS, bind: str = "127.0.0.1",
@@ -718,6 +749,11 @@ class PortForwarder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self.waker: Waker | None = None
+
+    def ports(self) -> dict[int, tuple[str, int]]:
+        """Guest port -> the host address that reaches it."""
+        return {port: address for port, (_server, address) in self._servers.items()}
 
     async def expose(self, port: int) -> tuple[str, int]:
         """Start (or reuse) the listener for guest ``port``; returns its host address."""
@@ -768,6 +804,8 @@ class PortForwarder:
         pipes: list[asyncio.Task[None]] = []
         clean = False
         try:
+            if self.waker is not None:
+                await self.waker()  # the sandbox is paused: bring it back first
             sock = run_in_netns(self.netns, _tcp_socket)
             sock.setblocking(False)
             try:
@@ -780,7 +818,7 @@ class PortForwarder:
             pipes = [asyncio.create_task(_pipe(creader, gwriter)),
                      asyncio.create_task(_pipe(greader, cwriter))]
             clean = all(await asyncio.gather(*pipes))
-        except (TimeoutError, OSError) as e:
+        except (TimeoutError, OSError, SandlotError) as e:
             log.debug("relay to %s:%d in %s: %s", self.target, port, self.netns, e)
         finally:
             for pipe in pipes:

@@ -80,6 +80,26 @@ describe("the e2b npm package against sandlot", { skip }, () => {
     assert.equal((await cat.wait()).stdout, "via stdin\n");
   });
 
+  it("pty: a shell on a terminal, input, resize, exit", async () => {
+    const decoder = new TextDecoder();
+    let drawn = "";
+    const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => (drawn += decoder.decode(d, { stream: true })) });
+    const drawnOnce = async (pattern) => {
+      const deadline = Date.now() + 60_000;
+      while (!pattern.test(drawn) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      assert.match(drawn, pattern);
+    };
+    await drawnOnce(/[$#] $/); // the prompt: a shell starting up drops what was typed ahead of it
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode("stty size; echo $((6*7))js\r"));
+    await drawnOnce(/42js/);
+    assert.match(drawn, /24 80/);
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 40 });
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode("stty size; exit\r"));
+    const result = await term.wait();
+    assert.equal(result.exitCode, 0);
+    assert.match(drawn, /40 100/);
+  });
+
   it("files: text, bytes, streams, list, exists, info, rename, makeDir, remove", async () => {
     const written = await sbx.files.write("data/in.txt", "hello");
     assert.equal(written.path, "/home/user/data/in.txt");

@@ -51,13 +51,16 @@ class AsyncFiles:
         return total
 
     async def write(self, path: str, data: _base.UploadData | AsyncIterator[bytes], *,
-                    user: str = "root") -> EntryInfo:
+                    user: str = "root", metadata: dict[str, str] | None = None) -> EntryInfo:
         """Write `data` to `path`, creating parent directories; return the new entry.
 
         `data` is a str (UTF-8), bytes, a binary file object, or an (async) iterator of byte
         chunks. File objects and iterators are streamed, never held whole in memory.
+        `metadata` (keys lowercased; keys HTTP tokens, values printable ASCII) is kept with
+        the file as extended attributes, shown by `stat` and `list`, kept by `rename` and
+        replaced by the next write (E2B's file metadata).
         """
-        req = _base.write_file(self._sandbox_id, path, user)
+        req = _base.write_file(self._sandbox_id, path, user, metadata)
         content = _base.aupload_content(data)
         data_ = await self._api.call(req, content=content, timeout=_base.STREAM_TIMEOUT)
         return EntryInfo.model_validate(data_)

@@ -12,6 +12,7 @@ from .._models import SandboxInfo, SandboxMetrics, SnapshotInfo, parse_list
 from ._commands import AsyncCommands
 from ._files import AsyncFiles
 from ._http import AsyncAPI
+from ._terminals import AsyncTerminals
 
 
 class AsyncForkList(list["AsyncSandbox"]):
@@ -43,6 +44,7 @@ class AsyncSandbox:
         self.sandbox_id = info.sandbox_id
         self.commands = AsyncCommands(api, info.sandbox_id)
         self.files = AsyncFiles(api, info.sandbox_id)
+        self.pty = AsyncTerminals(api, info.sandbox_id)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(sandbox_id={self.sandbox_id!r})"

@@ -48,6 +48,7 @@ class API:
             request = client.build_request(
                 req.method, req.path, params=req.params or None, json=req.json,
                 content=content, timeout=timeout or req.timeout or client.timeout,
+                headers=req.headers or None,
             )
             response = client.send(request, stream=stream)
             if response.is_error:

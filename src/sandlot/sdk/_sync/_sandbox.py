@@ -14,6 +14,7 @@ from .._models import SandboxInfo, SandboxMetrics, SnapshotInfo, parse_list
 from ._commands import Commands
 from ._files import Files
 from ._http import API
+from ._terminals import Terminals
 
 
 class ForkList(list["Sandbox"]):
@@ -45,6 +46,7 @@ class Sandbox:
         self.sandbox_id = info.sandbox_id
         self.commands = Commands(api, info.sandbox_id)
         self.files = Files(api, info.sandbox_id)
+        self.pty = Terminals(api, info.sandbox_id)
 
     def __repr__(self) -> str:
         return f"Sandbox(sandbox_id={self.sandbox_id!r})"

@@ -333,7 +333,8 @@ async def create_snapshot(sandbox_id: str, request: Request, body: SnapshotBody 
     c, st = core(request), e2b_state(request)
     body = body or SnapshotBody()
     _require_memory(body.memory, "snapshots")
-    snap = await c.sandboxes.snapshot(sandbox_id, body.name or None)
+    snap = await c.sandboxes.snapshot(sandbox_id, convert.snapshot_name(body.name)
+                                      if body.name else None)
     # The snapshot holds the state of this moment once captured; storing it goes on after.
     await st.lifecycle.wait_captured(snap.snapshot_id)
     return JSONResponse(convert.snapshot_info(snap.snapshot_id, snap.name), 201)
@@ -347,7 +348,7 @@ async def list_snapshots(request: Request, name: str | None = None,
     sandbox_id = q.get("sandboxID")
     snaps = [s for s in await c.snapshots.list(sandbox_id) if s.state != SnapshotState.FAILED]
     if name:
-        snaps = [s for s in snaps if name in (s.name, s.snapshot_id)]
+        snaps = [s for s in snaps if convert.name_matches(name, s.name, s.snapshot_id)]
     snaps.sort(key=lambda s: s.created_at)
     page, headers = _page(snaps, limit, q.get("nextToken"))
     return JSONResponse([convert.snapshot_info(s.snapshot_id, s.name) for s in page],

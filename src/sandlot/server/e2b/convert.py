@@ -14,7 +14,7 @@ from sandlot.errors import AuthenticationError, InvalidArgumentError
 # The envd version sandlot reports: every feature the SDK gates on at or below it is served
 # (stdin, default user, close stdin, octet-stream upload, recursive watch). File metadata
 # (xattrs, 0.6.2) and the later watch options are not, so the SDK refuses them client-side.
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.3"
 CLIENT_ID = "sandlot"
 DEFAULT_USER = "user"
 # When a sandbox has no timeout, E2B's endAt still needs a time.
@@ -103,11 +103,17 @@ def entry_info(entry: FileInfo) -> dict:
     }
     if entry.type == "symlink" and entry.target is not None:
         out["symlinkTarget"] = entry.target
+    if entry.metadata:
+        out["metadata"] = entry.metadata
     return out
 
 
-def write_info(path: str) -> dict:
-    return {"name": posixpath.basename(path), "type": "file", "path": path}
+def write_info(path: str, entry: FileInfo | None = None) -> dict:
+    """An upload's answer; its metadata as read back from the written file."""
+    out = {"name": posixpath.basename(path), "type": "file", "path": path}
+    if entry is not None and entry.metadata:
+        out["metadata"] = entry.metadata
+    return out
 
 
 # ---- sandboxes ---------------------------------------------------------------------------
@@ -163,6 +169,22 @@ def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
     if rec.network is not None:
         out["network"] = {"allowOut": rec.network.allow_out, "denyOut": rec.network.deny_out}
     return out
+
+
+def snapshot_name(name: str) -> str:
+    """An E2B snapshot name (`[namespace/]name[:tag]`) as sandlot keeps it: sandlot has one
+    namespace, so a namespace prefix is dropped; names are case-insensitive."""
+    return name.rpartition("/")[2].lower()
+
+
+def name_matches(wanted: str, name: str | None, snapshot_id: str) -> bool:
+    """E2B's snapshot filter: an id, or a name (a name without a tag matches every tag)."""
+    if wanted == snapshot_id:
+        return True
+    if not name:
+        return False
+    wanted = snapshot_name(wanted)
+    return wanted == name or (":" not in wanted and name.partition(":")[0] == wanted)
 
 
 def snapshot_info(snapshot_id: str, name: str | None) -> dict:

@@ -102,17 +102,20 @@ def signed_call(request: Request, operation: str) -> Envd:
     c, st = core(request), e2b_state(request)
     q = request.query_params
     signature, expires = q.get("signature", ""), q.get("signature_expiration")
+    # envd's own texts, in its order: the signature is checked before its expiry, so a
+    # forger never learns whether the expiry was the problem.
     if not signature:
-        raise AuthenticationError("file URLs need a signature: get them from download_url() "
-                                  "or upload_url()")
-    if expires is not None and (not expires.isdigit() or int(expires) < time.time()):
-        raise AuthenticationError("this signed file URL has expired")
+        raise AuthenticationError("missing signature")
+    if expires is not None and not expires.isdigit():
+        raise AuthenticationError("invalid signature_expiration")
     user = q.get("username") or ""
     for sandbox_id in list(c.sandboxes.live):
         if signs(st.tokens, sandbox_id, q, operation):
+            if expires is not None and int(expires) < time.time():
+                raise AuthenticationError("signature is already expired")
             return Envd(core=c, state=st, sandbox_id=sandbox_id,
                         user=check_user(user) if user else DEFAULT_USER)
-    raise AuthenticationError("no running sandbox matches this signed file URL")
+    raise AuthenticationError("invalid signature")
 
 
 def signs(tokens, sandbox_id: str, query, operation: str) -> bool:

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sandlot.errors import InvalidArgumentError
+from sandlot.server.body import metadata_headers
 from sandlot.server.e2b.convert import check_user, resolve, write_info
 from sandlot.server.e2b.multipart import MultipartReader, boundary_of
 from sandlot.server.e2b.state import Envd
@@ -61,6 +62,7 @@ async def upload(ctx: Envd, request: Request) -> Response:
     content_type = request.headers.get("content-type", "")
     encoding = request.headers.get("content-encoding", "identity").lower()
     chunks: AsyncIterator[bytes] = request.stream()
+    metadata = metadata_headers(request)
     if encoding == "gzip":
         chunks = _gunzip(chunks)
     elif encoding not in ("", "identity"):
@@ -77,14 +79,15 @@ async def upload(ctx: Envd, request: Request) -> Response:
             if not target:
                 raise InvalidArgumentError("a file part needs a file name or the path parameter")
             target = resolve(target, user)
-            await ctx.core.files.write(ctx.sandbox_id, target, reader.body(), user)
-            written.append(write_info(target))
+            entry = await ctx.core.files.write(ctx.sandbox_id, target, reader.body(), user,
+                                               metadata)
+            written.append(write_info(target, entry))
     else:
         if not path_param:
             raise InvalidArgumentError("the path query parameter is required")
         target = resolve(path_param, user)
-        await ctx.core.files.write(ctx.sandbox_id, target, chunks, user)
-        written.append(write_info(target))
+        entry = await ctx.core.files.write(ctx.sandbox_id, target, chunks, user, metadata)
+        written.append(write_info(target, entry))
     if not written:
         raise InvalidArgumentError("the upload holds no file")
     return JSONResponse(written)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState, SnapshotState, now
 from sandlot.core.service import Core
 from sandlot.errors import ConflictError, InvalidStateError, NotFoundError, StorageError
+from sandlot.server.e2b.convert import snapshot_name
 
 CAPTURE_WAIT = 120.0
 READY_WAIT = 600.0
@@ -87,7 +88,8 @@ class Lifecycle:
             except NotFoundError:
                 pass
         try:
-            snap = await self.core.snapshots.get(template_id)
+            snap = await self.core.snapshots.get(
+                template_id if template_id.startswith("snap-") else snapshot_name(template_id))
         except NotFoundError:
             names = ", ".join(t.name for t in self.core.templates.list()) or "none"
             raise NotFoundError(f"template or snapshot {template_id!r} not found; this sandlot "

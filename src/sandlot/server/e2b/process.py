@@ -1,5 +1,5 @@
-"""envd's ``process.Process`` service on sandlot's agent: Start, Connect, List, SendInput,
-StreamInput, CloseStdin, SendSignal (Update, a PTY resize, is not served: no PTYs).
+"""envd's ``process.Process`` service on sandlot's agent: Start (with or without a PTY),
+Connect, List, SendInput, StreamInput, CloseStdin, SendSignal, Update (a PTY's size).
 
 A command runs as ``exec <cmd> <args...>`` under the agent's ``bash -c``; the SDK's
 ``/bin/bash -l -c <cmd>`` thus becomes a login shell, as on E2B. Output is followed through an
@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from sandlot.core.commands import ExecEvent, Exited, Output
-from sandlot.core.models import ExecRequest, ProcessInfo
+from sandlot.core.models import ExecRequest, ProcessInfo, TerminalSize
 from sandlot.errors import InvalidArgumentError, NotFoundError, SandlotError
 from sandlot.server.e2b.connect import b64decode, b64encode, field
 from sandlot.server.e2b.convert import resolve
-from sandlot.server.e2b.errors import OutputOverflow, Unsupported
+from sandlot.server.e2b.errors import OutputOverflow
 from sandlot.server.e2b.state import Envd, ProcessConfig
 
 # Why: output a client has not read yet is held here; past this the stream ends with
@@ -98,7 +98,8 @@ def _end(code: int) -> dict:
     return _event("end", end)
 
 
-async def _follow(ctx: Envd, pid: int) -> AsyncIterator[dict]:
+async def _follow(ctx: Envd, pid: int, pty: bool = False) -> AsyncIterator[dict]:
+    """A process's events as envd's; a terminal's output is `pty` data."""
     pump = EventPump(ctx.core.commands.attach(ctx.sandbox_id, pid))
     try:
         while True:
@@ -112,7 +113,7 @@ async def _follow(ctx: Envd, pid: int) -> AsyncIterator[dict]:
             if ev is None:
                 yield _event("keepalive", {})
             elif isinstance(ev, Output):
-                yield _event("data", {ev.stream: b64encode(ev.data)})
+                yield _event("data", {"pty" if pty else ev.stream: b64encode(ev.data)})
             elif isinstance(ev, Exited):
                 yield _end(ev.exit_code or 0)
                 return
@@ -133,16 +134,24 @@ def _pid(ctx: Envd, msg: dict) -> int:
 
 
 def _stdin_bytes(inp: dict | None) -> bytes:
+    """A process's input: `stdin` for a command, `pty` for a terminal (both its stdin)."""
     inp = inp or {}
-    if "pty" in inp:
-        raise Unsupported("sandlot runs commands without a PTY; send input to stdin")
-    return b64decode(inp.get("stdin"))
+    return b64decode(inp.get("pty") if "pty" in inp else inp.get("stdin"))
+
+
+def _size(msg: dict) -> TerminalSize | None:
+    pty = field(msg, "pty")
+    if not pty:
+        return None
+    size = pty.get("size") or {}
+    try:
+        return TerminalSize(cols=int(size.get("cols") or 0), rows=int(size.get("rows") or 0))
+    except ValueError as e:
+        raise InvalidArgumentError(f"invalid PTY size {size}: cols and rows are 1-4096") from e
 
 
 async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
-    if field(msg, "pty"):
-        raise Unsupported("sandlot runs commands without a PTY (sandbox.pty is not "
-                          "supported); use commands.run")
+    size = _size(msg)
     proc = field(msg, "process") or {}
     cmd = proc.get("cmd") or ""
     args = [str(a) for a in proc.get("args") or []]
@@ -152,23 +161,24 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
     cwd = resolve(proc["cwd"], ctx.user) if proc.get("cwd") else None
     tag = field(msg, "tag")
     req = ExecRequest(cmd="exec " + shlex.join([cmd, *args]), env=envs, cwd=cwd, user=ctx.user,
-                      timeout=ctx.timeout or 0,
-                      # An empty stdin closes it at once; None keeps it open for SendInput.
-                      stdin=None if field(msg, "stdin") else "")
+                      timeout=ctx.timeout or 0, pty=size, background=True,
+                      # An empty stdin closes it at once; None keeps it open for SendInput
+                      # (a terminal's input is always open).
+                      stdin=None if field(msg, "stdin") or size else "")
     pid = await ctx.core.commands.start(ctx.sandbox_id, req)
     ctx.state.remember(ctx.sandbox_id, pid, ProcessConfig(cmd, args, envs, cwd, tag))
     yield _event("start", {"pid": pid})
-    async for m in _follow(ctx, pid):
+    async for m in _follow(ctx, pid, pty=size is not None):
         yield m
 
 
 async def connect(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
     pid = _pid(ctx, msg)
-    known = {p.pid for p in await ctx.core.commands.list(ctx.sandbox_id, all=True)}
+    known = {p.pid: p for p in await ctx.core.commands.list(ctx.sandbox_id, all=True)}
     if pid not in known:
         raise NotFoundError(f"process with pid {pid} not found")
     yield _event("start", {"pid": pid})
-    async for m in _follow(ctx, pid):
+    async for m in _follow(ctx, pid, pty=known[pid].pty):
         yield m
 
 
@@ -240,7 +250,11 @@ async def stream_input(ctx: Envd, messages: AsyncIterator[dict]) -> dict:
 
 
 async def update(ctx: Envd, msg: dict) -> dict:
-    raise Unsupported("sandlot runs commands without a PTY; there is nothing to resize")
+    size = _size(msg)
+    if size is None:
+        raise InvalidArgumentError("Update needs pty.size")
+    await ctx.core.commands.resize(ctx.sandbox_id, _pid(ctx, msg), size)
+    return {}
 
 
 UNARY = {"List": list_, "SendInput": send_input, "CloseStdin": close_stdin,
