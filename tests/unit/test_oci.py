@@ -134,6 +134,7 @@ async def test_create_from_a_bad_reference_is_a_typed_400(afast) -> None:
 async def test_a_known_tag_creates_while_its_registry_is_down(tmp_path, monkeypatch) -> None:
     """A reference the server resolved before creates from the template it named then when
     the registry does not answer; one it never resolved is the registry's error."""
+    from sandlot.core import templates
     from sandlot.core.templates import TemplateStore
     from sandlot.runtime.fake import FakeRuntime
     from sandlot.testing import fake_settings, install_fake_template
@@ -151,8 +152,34 @@ async def test_a_known_tag_creates_while_its_registry_is_down(tmp_path, monkeypa
         return ref.at(DIGEST)
 
     monkeypatch.setattr(oci, "resolve", resolve)
+    monkeypatch.setattr(templates, "image_template_current", lambda info, digest, images: True)
     assert (await store.image_source("reg:5000/app:1")).template == name
     up = False
     assert (await store.image_source("reg:5000/app:1")).template == name
     with pytest.raises(ImageError, match="connection refused"):
         await store.image_source("reg:5000/other:1")
+
+
+async def test_an_image_template_of_another_sandlot_is_rebuilt(tmp_path, monkeypatch) -> None:
+    """A create's template whose build hash is not what this sandlot would build (its guest
+    files changed since) is built again; a current one is used as it is."""
+    from sandlot.core import templates
+    from sandlot.core.templates import TemplateStore
+    from sandlot.runtime.fake import FakeRuntime
+    from sandlot.testing import fake_settings, install_fake_template
+
+    settings = fake_settings(tmp_path)
+    runtime = FakeRuntime()
+    store = TemplateStore(settings, runtime)
+    name = "image-" + "ab" * 8
+    install_fake_template(settings, runtime, name)
+    built: list[str] = []
+    monkeypatch.setattr(oci, "resolve", lambda ref, access: ref.at(DIGEST))
+    monkeypatch.setattr(templates, "pull_image_template",
+                        lambda ref, name, **kw: built.append(ref))
+    assert not templates.image_template_current(store.get(name), DIGEST, settings.images)
+    assert (await store.image_source("reg:5000/app:1")).template == name
+    assert built == [f"reg:5000/app@{DIGEST}"]
+    monkeypatch.setattr(templates, "image_template_current", lambda info, digest, images: True)
+    assert (await store.image_source("reg:5000/app:1")).template == name
+    assert len(built) == 1

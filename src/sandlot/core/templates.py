@@ -122,10 +122,14 @@ class TemplateStore:
                         e.message, known)
             return await self.source(known)
         name = image_template_name(pinned)
+        assert pinned.digest
         try:
+            info = await self.info(name)
+            if not await asyncio.to_thread(image_template_current, info, pinned.digest,
+                                           self.root):
+                raise NotFoundError(f"template {name} was built by another sandlot")
             source = await self.source(name)
         except NotFoundError:
-            assert pinned.digest
             task = self._image_builds.get(pinned.digest)
             if task is None:
                 task = asyncio.create_task(self._build_image(pinned, name, access))
@@ -321,11 +325,10 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
     """A template from the OCI image in `layout` (identified by `digest`, e.g. its manifest
     digest): its filesystem with sandlot's guest files, booted once and captured. `source`
     is what the template says it came from (the pinned reference, or the Dockerfile)."""
-    key = json.dumps({"image": digest, "memory_mb": memory_mb, "cpus": cpus,
-                      "disk_mb": disk_mb, "builder": IMAGE_BUILDER_VERSION}, sort_keys=True)
+    key = _image_key(digest, memory_mb, cpus, disk_mb)
 
     def content(guest_files: GuestFiles) -> str:
-        return hashlib.sha256(key.encode() + _environment_hash(guest_files)).hexdigest()[:16]
+        return _image_content(key, guest_files)
 
     def make_rootfs(build: Path, kernel: Kernel, guest_files: GuestFiles, step: Step) -> dict:
         step("root filesystem from the image")
@@ -337,6 +340,22 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
                      memory_mb=memory_mb, cpus=cpus, record=key)
     return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime, step=step,
                   run=run)
+
+
+def _image_key(digest: str, memory_mb: int, cpus: int, disk_mb: int | None) -> str:
+    return json.dumps({"image": digest, "memory_mb": memory_mb, "cpus": cpus,
+                       "disk_mb": disk_mb, "builder": IMAGE_BUILDER_VERSION}, sort_keys=True)
+
+
+def _image_content(key: str, guest_files: GuestFiles) -> str:
+    return hashlib.sha256(key.encode() + _environment_hash(guest_files)).hexdigest()[:16]
+
+
+def image_template_current(info: TemplateInfo, digest: str, images: Path) -> bool:
+    """Whether a create's template of image `digest` was built by this sandlot (its guest
+    files, initramfs, machine): after an upgrade the next create rebuilds it."""
+    expected = _image_content(_image_key(digest, 512, 1, None), _guest_files(images))
+    return info.hash.split("-", 1)[0] == expected
 
 
 def image_template_name(ref: oci.Reference) -> str:
