@@ -8,6 +8,8 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils mmdebstrap busybox-static e2fsprogs cpio util-linux zstd
   nftables iproute2 dnsmasq-base runsc ca-certificates python3 python3-venv python3-pip curl
   postgresql  # a deployment's shared metadata: the tests start their own server from it
+  skopeo umoci buildah kmod  # sandboxes from OCI images and Dockerfiles (docs/images.md)
+  docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
   golang-go  # builds the guest agent and init (static, standard library only) for templates
 )
 missing=()
@@ -57,3 +59,5 @@ fi
 # Content-hash cached: returns at once when the base template is up to date. It builds the
 # guest agent and init from src/sandlot/guest/go first (cached by their sources' hash).
 .venv/bin/sandlot template build base
+# The OCI images the image tests push to their loopback registry (built once, kept by recipe).
+.venv/bin/python tests/imagekit.py >/dev/null

@@ -17,11 +17,38 @@ from sandlot import testing
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory) -> Iterator[Server]:
-    """One sandlot server for the session."""
+def registry(tmp_path_factory) -> Iterator[testing.RegistryServer]:
+    """A real OCI registry on loopback (plain HTTP) for the session; the session's servers
+    name it in SANDLOT_INSECURE_REGISTRIES."""
+    srv = testing.RegistryServer(tmp_path_factory.mktemp("registry"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def oci_images(registry) -> dict[str, str | None]:
+    """The test images (tests/imagekit.py), built once and pushed to the session's registry:
+    name -> reference (None: this host cannot build it)."""
+    import imagekit
+
+    if imagekit.debian_layout(build=False) is None:  # its packages come from the network
+        pytest.fail("the Debian test image is not built: run `make setup`")
+    refs: dict[str, str | None] = {}
+    for name, make in (("debian", imagekit.debian_layout), ("busybox", imagekit.busybox_layout),
+                       ("musl", imagekit.musl_layout)):
+        layout = make()
+        refs[name] = imagekit.push(layout, registry, f"sandlot-test/{name}") if layout else None
+    return refs
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, registry) -> Iterator[Server]:
+    """One sandlot server for the session (it may pull from the session's registry)."""
     if not (IMAGES_DIR / "templates" / "base.json").exists():
         pytest.fail("the base template is not built: run `make setup`")
     srv = make_server(tmp_path_factory.mktemp("sandlot"), "main")
+    srv.extra_env.update(registry.env)
     srv.start()
     os.environ["SANDLOT_URL"] = srv.url
     os.environ["SANDLOT_API_KEY"] = srv.key

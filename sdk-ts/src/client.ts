@@ -22,6 +22,7 @@ import {
   Sandbox,
   Snapshot,
   createRequest,
+  createTimeout,
   deleteSnapshot,
   getSnapshotInfo,
   killSandbox,
@@ -39,7 +40,12 @@ export class Sandboxes {
 
   /** Start a sandbox; see {@link Sandbox.create}. */
   async create(options: SandboxCreateOptions = {}): Promise<Sandbox> {
-    const data = await this.api.call<Schemas["SandboxRecord"]>({ method: "POST", path: "/v1/sandboxes", json: createRequest(options) });
+    const data = await this.api.call<Schemas["SandboxRecord"]>({
+      method: "POST",
+      path: "/v1/sandboxes",
+      json: createRequest(options),
+      timeoutMs: createTimeout(options),
+    });
     return new Sandbox(this.api, toSandboxInfo(data));
   }
 

@@ -28,7 +28,7 @@ export interface StartOptions {
   env?: Record<string, string>;
   /** Working directory (absolute guest path). */
   cwd?: string;
-  /** The guest user to run as (default `root`). */
+  /** The guest user to run as (default: the template's, i.e. an image's `USER`, else `root`). */
   user?: string;
   /** Written to the process's stdin, which is then closed. */
   stdin?: string | Uint8Array;
@@ -243,7 +243,7 @@ export class Commands {
         cmd,
         env: strMap(options.env, "env") ?? {},
         cwd: options.cwd ?? null,
-        user: options.user ?? "root",
+        user: options.user ?? null,
         timeout: timeoutMs ? timeoutMs / 1000 : null,
         stdin: text(options.stdin) ?? null,
         background,

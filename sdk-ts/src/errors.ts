@@ -4,8 +4,12 @@
  * ```text
  * SandlotError                      connection failures too (the cause is kept)
  * ├── InvalidArgumentError   400    bad input: the caller's fault, retrying won't help
+ * │   └── ImageError            400  an image reference, registry answer or Dockerfile
+ * │       │                          sandlot cannot use
+ * │       └── BuildStepError    400  a Dockerfile instruction failed (its output attached)
  * ├── AuthenticationError    401    missing or wrong API key
  * ├── NotFoundError          404    unknown sandbox, snapshot, template, process or path
+ * │   └── ImageNotFoundError    404  no such image (repository or tag) in its registry
  * ├── ConflictError          409    a name already taken
  * ├── InvalidStateError      409    the object is not in a state that allows the call
  * ├── CommandTimeoutError    504    a command ran past its timeout and was killed
@@ -52,6 +56,17 @@ export class PayloadTooLargeError extends InvalidArgumentError {
   static override defaultStatus = 413;
 }
 
+/** An OCI image or Dockerfile sandlot cannot use: a malformed reference, a registry that
+ * refuses (credentials, TLS), an image without the files a sandbox needs. */
+export class ImageError extends InvalidArgumentError {
+  static override defaultStatus = 400;
+}
+
+/** A Dockerfile instruction failed; the message names it and ends with its output. */
+export class BuildStepError extends ImageError {
+  static override defaultStatus = 400;
+}
+
 /** A missing or wrong API key. */
 export class AuthenticationError extends SandlotError {
   static override defaultStatus = 401;
@@ -59,6 +74,11 @@ export class AuthenticationError extends SandlotError {
 
 /** An unknown sandbox, snapshot, template, process or path. */
 export class NotFoundError extends SandlotError {
+  static override defaultStatus = 404;
+}
+
+/** The registry has no such repository or tag (or will not say, without credentials). */
+export class ImageNotFoundError extends NotFoundError {
   static override defaultStatus = 404;
 }
 
@@ -177,6 +197,9 @@ export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   HostUnavailableError,
   StorageError,
   BuildError,
+  ImageError,
+  BuildStepError,
+  ImageNotFoundError,
   SnapshotFailedError: SnapshotFailedError as unknown as ErrorClass,
   WaitTimeoutError,
 });

@@ -49,6 +49,7 @@ export type {
 export {
   AuthenticationError,
   BuildError,
+  BuildStepError,
   CapacityError,
   CommandExitError,
   CommandTimeoutError,
@@ -57,6 +58,8 @@ export {
   type ErrorClass,
   GuestError,
   HostUnavailableError,
+  ImageError,
+  ImageNotFoundError,
   InvalidArgumentError,
   InvalidStateError,
   NotFoundError,

@@ -91,6 +91,13 @@ export interface TemplateInfo {
   env: Record<string, string>;
   workdir: string | null;
   builtAt: Date | null;
+  /** The pinned image reference (or Dockerfile) it was built from; `null` for a spec's. */
+  image: string | null;
+  /** The user commands run as by default (an image's `USER`); `null`: root. */
+  user: string | null;
+  /** The image's ENTRYPOINT and CMD, recorded (not run: docs/images.md). */
+  entrypoint: string[];
+  cmd: string[];
 }
 
 /** A process started by a command. */
@@ -270,6 +277,10 @@ export function toTemplateInfo(raw: Schemas["TemplateInfo"]): TemplateInfo {
     env: raw.env ?? {},
     workdir: raw.workdir ?? null,
     builtAt: date(raw.built_at),
+    image: raw.image ?? null,
+    user: raw.user ?? null,
+    entrypoint: raw.entrypoint ?? [],
+    cmd: raw.cmd ?? [],
   };
 }
 

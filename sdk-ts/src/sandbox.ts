@@ -27,6 +27,14 @@ export interface SandboxCreateOptions {
   template?: string;
   /** Restore this snapshot (id or name) instead of starting from a template. */
   snapshotId?: string;
+  /**
+   * Start from this OCI image instead (`"python:3.12-slim"`, `"registry:5000/team/app@sha256:..."`):
+   * the server pulls it and builds a template from it on first use (by digest; minutes for a
+   * large image, so the call waits up to {@link IMAGE_BUILD_TIMEOUT_MS}), later creates are
+   * restores like any other. @throws {ImageError} for a bad reference,
+   * {@link ImageNotFoundError} for an image its registry does not have.
+   */
+  image?: string;
   /** Memory in MiB; default the template's (or snapshot's). */
   memoryMb?: number;
   /** vCPUs; default the template's (or snapshot's). */
@@ -78,11 +86,20 @@ function wireNetwork(rules: NetworkRules | undefined): Schemas["NetworkSpec"] | 
   return { allow_out: rules.allowOut ?? [], deny_out: rules.denyOut ?? [] };
 }
 
+/** How long a create from an image may take: the first one pulls and builds it. */
+const IMAGE_BUILD_TIMEOUT_MS = 1_800_000;
+
+/** @internal The HTTP timeout of a create: the connection's, or longer for an image. */
+export function createTimeout(options: SandboxCreateOptions): number | undefined {
+  return options.image ? IMAGE_BUILD_TIMEOUT_MS : undefined;
+}
+
 /** @internal */
 export function createRequest(options: SandboxCreateOptions): Schemas["CreateSandbox"] {
   return {
-    template: options.snapshotId ? null : options.template ?? "base",
+    template: options.snapshotId || options.image ? null : options.template ?? "base",
     snapshot_id: options.snapshotId ?? null,
+    image: options.image ?? null,
     memory_mb: options.memoryMb ?? null,
     cpus: options.cpus ?? null,
     env: strMap(options.env, "env") ?? {},
@@ -195,6 +212,7 @@ export class Sandbox {
       method: "POST",
       path: "/v1/sandboxes",
       json: createRequest(options),
+      timeoutMs: createTimeout(options),
     });
     return new Sandbox(api, toSandboxInfo(data));
   }

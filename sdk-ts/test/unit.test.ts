@@ -6,6 +6,9 @@ import net from "node:net";
 import {
   AuthenticationError,
   BuildError,
+  BuildStepError,
+  ImageError,
+  ImageNotFoundError,
   CapacityError,
   CommandExitError,
   CommandTimeoutError,
@@ -72,6 +75,9 @@ const TREE: [string, new (...args: never[]) => SandlotError, number, (new (...ar
   ["CapacityError", CapacityError, 503, [SandlotError]],
   ["StorageError", StorageError, 500, [SandlotError]],
   ["BuildError", BuildError, 500, [SandlotError]],
+  ["ImageError", ImageError, 400, [InvalidArgumentError, SandlotError]],
+  ["BuildStepError", BuildStepError, 400, [ImageError, InvalidArgumentError, SandlotError]],
+  ["ImageNotFoundError", ImageNotFoundError, 404, [NotFoundError, SandlotError]],
   ["SnapshotFailedError", SnapshotFailedError, 502, [SandboxError, SandlotError]],
   ["WaitTimeoutError", WaitTimeoutError, 504, [SandlotError]],
 ];
@@ -190,6 +196,7 @@ describe("requests", () => {
     assert.deepEqual(body, {
       template: "base",
       snapshot_id: null,
+      image: null,
       memory_mb: 1024,
       cpus: null,
       env: { A: "1" },
@@ -203,6 +210,14 @@ describe("requests", () => {
     assert.equal(sbx.sandboxId, "sb-1");
     assert.equal(sbx.info.memoryMb, 512);
     assert.ok(sbx.info.createdAt instanceof Date);
+  });
+
+  it("create from an image sends it instead of a template", async () => {
+    const conn = stub(() => json(201, SANDBOX));
+    await Sandbox.create({ ...conn, image: "python:3.12-slim" });
+    const body = JSON.parse(String(conn.calls[0].init.body));
+    assert.equal(body.image, "python:3.12-slim");
+    assert.equal(body.template, null);
   });
 
   it("rejects bad arguments before sending anything", async () => {
@@ -361,9 +376,9 @@ describe("public surface", () => {
     const { createRequire } = await import("node:module");
     const cjs = createRequire(import.meta.url)("sandlot");
     const expected = [
-      "AuthenticationError", "BuildError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
+      "AuthenticationError", "BuildError", "BuildStepError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
       "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_SHELL", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
-      "GuestError", "HostUnavailableError", "Hosts", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
+      "GuestError", "HostUnavailableError", "Hosts", "ImageError", "ImageNotFoundError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
       "Templates", "Terminal", "Terminals", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];

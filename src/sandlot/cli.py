@@ -9,7 +9,9 @@ Local commands (``serve``, ``template``, ``keys``) work on ``--data-dir`` (env
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import json
 import os
 import shlex
@@ -145,8 +147,8 @@ _SANDBOX_COLUMNS = [("SANDBOX", "sandbox_id"), ("TEMPLATE", "template"), ("STATE
 _SNAPSHOT_COLUMNS = [("SNAPSHOT", "snapshot_id"), ("NAME", "name"), ("STATE", "state"),
                      ("SANDBOX", "sandbox_id"), ("SIZE", "size_bytes"),
                      ("STORED", "stored_bytes"), ("CREATED", "created_at"), ("ERROR", "error")]
-_TEMPLATE_COLUMNS = [("NAME", "name"), ("HASH", "hash"), ("MEMORY", "memory_mb"),
-                     ("CPUS", "cpus"), ("BUILT", "built_at")]
+_TEMPLATE_COLUMNS = [("NAME", "name"), ("HASH", "hash"), ("IMAGE", "image"),
+                     ("MEMORY", "memory_mb"), ("CPUS", "cpus"), ("BUILT", "built_at")]
 _PROCESS_COLUMNS = [("PID", "pid"), ("USER", "user"), ("CMD", "cmd")]
 _HOST_COLUMNS = [("HOST", "id"), ("STATE", "state"), ("URL", "url"), ("SANDBOXES", "sandboxes"),
                  ("SLOTS", "slots"), ("CORES", "cores"), ("MEM FREE", "memory_free_mb"),
@@ -261,15 +263,60 @@ def template() -> None:
 
 
 @template.command("build")
-@click.argument("name_or_spec")
+@click.argument("args", nargs=-1, required=True, metavar="NAME_OR_SPEC | [CONTEXT] NAME")
+@click.option("--image", "image_ref", metavar="REF",
+              help="Build template NAME from this OCI image (e.g. python:3.12-slim).")
+@click.option("-f", "--file", "dockerfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build template NAME from this Dockerfile (context: CONTEXT, default its "
+                   "folder).")
+@click.option("--build-arg", "build_args", multiple=True, callback=_pairs, metavar="K=V",
+              help="A Dockerfile ARG (repeatable).")
+@click.option("--insecure-registry", "insecure", multiple=True, metavar="HOST:PORT",
+              help="Reach this registry over plain HTTP (repeatable; also "
+                   "SANDLOT_INSECURE_REGISTRIES).")
+@click.option("--creds", metavar="USER:PASSWORD", help="Registry credentials.")
+@click.option("--authfile", type=click.Path(dir_okay=False), help="Registry auth file "
+              "(default: the Docker and containers ones; SANDLOT_REGISTRY_AUTH_FILE).")
+@click.option("--memory", "memory_mb", type=int, default=512, show_default=True,
+              help="An image template's memory in MiB.")
+@click.option("--cpus", type=int, default=1, show_default=True, help="An image template's vCPUs.")
+@click.option("--disk-mb", type=int, help="An image template's disk (default: its files + 1 GiB).")
 @_data_dir_option
 @click.option("--force", is_flag=True, help="Rebuild even if a build with this hash exists.")
 @_json_option
-def template_build(name_or_spec: str, data_dir: Path, force: bool, as_json: bool) -> None:
-    """Build template NAME_OR_SPEC (a built-in name or a spec file path)."""
-    from sandlot.core.templates import build_template
+def template_build(args: tuple[str, ...], image_ref: str | None, dockerfile: Path | None,
+                   build_args: dict[str, str], insecure: tuple[str, ...], creds: str | None,
+                   authfile: str | None, memory_mb: int, cpus: int, disk_mb: int | None,
+                   data_dir: Path, force: bool, as_json: bool) -> None:
+    """Build a template: NAME_OR_SPEC (a built-in name or a spec file path), or NAME from an
+    OCI image (--image REF) or a Dockerfile (-f Dockerfile [CONTEXT] NAME)."""
+    from sandlot.config import Settings
+    from sandlot.images.oci import Access
 
-    info = build_template(name_or_spec, data_dir, force)
+    templates = importlib.import_module("sandlot.core.templates")
+
+    if image_ref and dockerfile:
+        raise click.UsageError("give --image or -f, not both")
+    settings = Settings.from_env(data_dir)
+    access = Access.from_env(insecure, creds, authfile)
+    sizes = {"memory_mb": memory_mb, "cpus": cpus, "disk_mb": disk_mb}
+    if image_ref:
+        if len(args) != 1:
+            raise click.UsageError("usage: sandlot template build --image REF NAME")
+        info = templates.pull_image_template(image_ref, args[0], settings=settings,
+                                             access=access, force=force, **sizes)
+    elif dockerfile:
+        if len(args) not in (1, 2):
+            raise click.UsageError("usage: sandlot template build -f Dockerfile [CONTEXT] NAME")
+        context = Path(args[0]) if len(args) == 2 else None
+        info = templates.dockerfile_template(
+            dockerfile, context, args[-1], settings=settings, access=access,
+            build_args=build_args, force=force,
+            warn=lambda text: click.echo(f"warning: {text}", err=True), **sizes)
+    else:
+        if len(args) != 1:
+            raise click.UsageError("usage: sandlot template build NAME_OR_SPEC")
+        info = templates.build_template(args[0], data_dir, force)
     if as_json:
         _print_json(_plain(info))
     else:
@@ -374,6 +421,8 @@ def sandbox() -> None:
 @click.option("--template", "template_name", default="base", show_default=True,
               help="Template to boot.")
 @click.option("--snapshot", "snapshot_id", help="Restore from this snapshot instead.")
+@click.option("--image", "image", metavar="REF", help="Start from this OCI image instead "
+              "(pulled and built into a template on the server on first use).")
 @click.option("--memory", "memory_mb", type=int, help="Memory in MiB.")
 @click.option("--cpus", type=int, help="Number of vCPUs.")
 @click.option("--timeout", type=int, default=300, show_default=True,
@@ -384,12 +433,18 @@ def sandbox() -> None:
 @_json_option
 @_with_client
 def sandbox_create(client: Sandlot, template_name: str, snapshot_id: str | None,
-                   memory_mb: int | None, cpus: int | None, timeout: int, env: dict[str, str],
-                   metadata: dict[str, str], no_internet: bool, as_json: bool) -> None:
+                   image: str | None, memory_mb: int | None, cpus: int | None, timeout: int,
+                   env: dict[str, str], metadata: dict[str, str], no_internet: bool,
+                   as_json: bool) -> None:
     """Start a sandbox."""
-    sbx = client.sandboxes.create(template_name, snapshot_id=snapshot_id, memory_mb=memory_mb,
-                                  cpus=cpus, env=env, timeout=timeout, metadata=metadata,
-                                  internet=not no_internet)
+    with contextlib.ExitStack() as stack:
+        if image and not as_json:  # a first create from an image pulls and builds it
+            stack.enter_context(Console(stderr=True).status(
+                f"creating from {image} (the first time: pulling and building it)"))
+        sbx = client.sandboxes.create(template_name, snapshot_id=snapshot_id,
+                                      memory_mb=memory_mb, cpus=cpus, env=env,
+                                      timeout=timeout, metadata=metadata,
+                                      internet=not no_internet, image=image)
     _show(sbx.info, _SANDBOX_COLUMNS, as_json)
 
 

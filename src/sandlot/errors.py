@@ -2,9 +2,13 @@
 
     SandlotError
     ├── InvalidArgumentError   400  bad input: caller's fault, retrying won't help
-    │   └── PayloadTooLargeError  413  a request body over the server's limit
+    │   ├── PayloadTooLargeError  413  a request body over the server's limit
+    │   └── ImageError            400  an image reference, registry answer or Dockerfile
+    │       │                          sandlot cannot use
+    │       └── BuildStepError    400  a Dockerfile instruction failed (its output attached)
     ├── AuthenticationError    401  missing or wrong API key
     ├── NotFoundError          404  unknown sandbox, snapshot, template, process or path
+    │   └── ImageNotFoundError    404  no such image (repository or tag) in its registry
     ├── ConflictError          409  a name already taken
     ├── InvalidStateError      409  the object is not in a state that allows the call
     ├── CommandTimeoutError    504  a command ran past its timeout and was killed
@@ -44,12 +48,25 @@ class PayloadTooLargeError(InvalidArgumentError):
     status = 413
 
 
+class ImageError(InvalidArgumentError):
+    """An OCI image or Dockerfile sandlot cannot use: a malformed reference, a registry that
+    refuses (credentials, TLS), an image without the files a sandbox needs."""
+
+
+class BuildStepError(ImageError):
+    """A Dockerfile instruction failed; the message names it and ends with its output."""
+
+
 class AuthenticationError(SandlotError):
     status = 401
 
 
 class NotFoundError(SandlotError):
     status = 404
+
+
+class ImageNotFoundError(NotFoundError):
+    """The registry has no such repository or tag (or will not say, without credentials)."""
 
 
 class ConflictError(SandlotError):
@@ -114,6 +131,7 @@ ERRORS: dict[str, type[SandlotError]] = {
         SandlotError, InvalidArgumentError, PayloadTooLargeError, AuthenticationError,
         NotFoundError, ConflictError, InvalidStateError, CommandTimeoutError, SandboxError,
         CapacityError, HostUnavailableError,
-        GuestError, VmmError, StorageError, BuildError,
+        GuestError, VmmError, StorageError, BuildError, ImageError, BuildStepError,
+        ImageNotFoundError,
     )
 }

@@ -398,3 +398,61 @@ class PostgresServer:
             self.proc_started = False
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
+
+
+# ---- an OCI registry on loopback ----------------------------------------------------------
+
+
+@dataclass
+class RegistryServer:
+    """A real OCI registry for tests: Debian's `docker-registry` (the CNCF distribution
+    registry) on a loopback port, plain HTTP, storing in `root`. Name it in
+    `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SANDLOT_INSECURE_REGISTRIES": self.host}
+
+    def start(self, timeout: float = 30) -> None:
+        binary = shutil.which("docker-registry")
+        if binary is None:
+            raise RuntimeError("no `docker-registry`: install Debian's docker-registry package")
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "config.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n")
+        with open(self.root / "registry.log", "ab") as log:
+            self.proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
+                                         stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.root / "registry.log").read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RuntimeError(f"the registry did not come up: {tail}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None

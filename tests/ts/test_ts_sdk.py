@@ -84,10 +84,12 @@ def test_sdk_against_a_server(built: Path, server) -> None:
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example(built: Path, server, script: Path) -> None:
-    """Each seed scenario runs, exits 0 and leaves no sandbox or snapshot behind."""
+def test_example(built: Path, server, oci_images, script: Path) -> None:
+    """Each seed scenario runs, exits 0 and leaves no sandbox or snapshot behind (the image
+    ones with an image of the session's loopback registry)."""
     before = _listed(server)
-    env = _node_env(SANDLOT_URL=server.url, SANDLOT_API_KEY=server.key)
+    env = _node_env(SANDLOT_URL=server.url, SANDLOT_API_KEY=server.key,
+                    SANDLOT_EXAMPLE_IMAGE=oci_images["debian"])
     output = _check(_run(["node", f"build/examples/{script.stem}.js"], built, env), script.name)
     print(output)
     assert _listed(server) == before, "the example left sandboxes or snapshots"

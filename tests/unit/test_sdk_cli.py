@@ -138,6 +138,16 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
                                 "built_at": None}]
     assert run("template", "rm", "py", "--data-dir", "/x")[0] == 0
     assert calls[-1] == ("rm", "py", Path("/x"))
+    templates.pull_image_template = lambda ref, name, **kw: calls.append(  # type: ignore
+        ("image", ref, name, sorted(kw["access"].insecure))) or info
+    templates.dockerfile_template = lambda df, ctx, name, **kw: calls.append(  # type: ignore
+        ("dockerfile", df, ctx, name, kw["build_args"])) or info
+    assert run("template", "build", "--image", "reg:5000/a/b:1", "py",
+               "--insecure-registry", "reg:5000")[0] == 0
+    assert calls[-1] == ("image", "reg:5000/a/b:1", "py", ["reg:5000"])
+    assert run("template", "build", "-f", "Dockerfile", "ctx", "py", "--build-arg", "A=1")[0] == 0
+    assert calls[-1] == ("dockerfile", Path("Dockerfile"), Path("ctx"), "py", {"A": "1"})
+    assert run("template", "build", "--image", "x")[0] == 2  # no NAME
     assert run("keys", "create") == (0, "sk-new\n", "")
     assert run("serve", "--port", "8080")[0] == 0
     assert calls[-1] == ("serve", {"host": "127.0.0.1", "port": 8080, "data_dir": tmp_path})

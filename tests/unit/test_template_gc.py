@@ -40,3 +40,31 @@ def test_gc_removes_only_unused_builds(tmp_path, monkeypatch):
     assert "removed 2 unused template builds" in done.output
     assert sorted(p.name for p in (images / "builds").iterdir()) == [
         "current", "of-a-sandbox", "of-a-snapshot"]
+
+
+def test_gc_removes_layouts_no_kept_build_came_from(tmp_path, monkeypatch):
+    """Pulled and built OCI layouts go with the last build made from them; a recent one
+    stays (a Dockerfile's result waits for its build outside the build lock)."""
+    import os
+
+    images, data = tmp_path / "images", tmp_path / "data"
+    pulled, built, orphan, recent = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+    for name, image in (("from-pull", pulled), ("from-dockerfile", built)):
+        (images / "builds" / name).mkdir(parents=True)
+        (images / "builds" / name / "spec.json").write_text(
+            json.dumps({"image": f"sha256:{image}", "memory_mb": 512}))
+    (images / "templates").mkdir()
+    for name in ("from-pull", "from-dockerfile"):
+        (images / "templates" / f"{name}.json").write_text(json.dumps({
+            "name": name, "hash": name, "memory_mb": 512, "cpus": 1}))
+    for layout in (pulled, f"built-{built}", orphan, recent):
+        (images / "oci" / layout).mkdir(parents=True)
+        if layout != recent:
+            os.utime(images / "oci" / layout, (1, 1))
+    data.mkdir()
+    monkeypatch.setenv("SANDLOT_IMAGES_DIR", str(images))
+    done = CliRunner().invoke(cli, ["template", "gc", "--data-dir", str(data), "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["removed"] == [f"oci/{orphan}"]
+    assert sorted(p.name for p in (images / "oci").iterdir()) == sorted(
+        [pulled, f"built-{built}", recent])

@@ -16,10 +16,11 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example(script: Path, server) -> None:
+def test_example(script: Path, server, oci_images) -> None:
     sandboxes = {s.sandbox_id for s in Sandbox.list()}
     snapshots = {s.snapshot_id for s in Snapshot.list()}
-    env = {**os.environ, "SANDLOT_URL": server.url, "SANDLOT_API_KEY": server.key}
+    env = {**os.environ, "SANDLOT_URL": server.url, "SANDLOT_API_KEY": server.key,
+           "SANDLOT_EXAMPLE_IMAGE": oci_images["debian"]}  # the image examples' image
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=600)
     print(proc.stdout)

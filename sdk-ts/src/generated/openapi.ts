@@ -627,7 +627,7 @@ export interface components {
     schemas: {
         /**
          * CreateSandbox
-         * @description A new sandbox from a template or a snapshot.
+         * @description A new sandbox from a template, a snapshot or an OCI image.
          */
         CreateSandbox: {
             /** Memory Mb */
@@ -665,6 +665,11 @@ export interface components {
             template?: string | null;
             /** Snapshot Id */
             snapshot_id?: string | null;
+            /**
+             * Image
+             * @description an OCI image reference (`python:3.12-slim`, `registry:5000/team/app@sha256:...`): pulled and made a template on first use (by digest), a restore after that
+             */
+            image?: string | null;
         };
         /** ExecRequest */
         ExecRequest: {
@@ -678,9 +683,9 @@ export interface components {
             cwd?: string | null;
             /**
              * User
-             * @default root
+             * @description the guest user to run as; default the template's (an image's USER), else root
              */
-            user: string;
+            user?: string | null;
             /**
              * Timeout
              * @default 60
@@ -1188,6 +1193,14 @@ export interface components {
             machine?: {
                 [key: string]: unknown;
             } | null;
+            /** Image */
+            image?: string | null;
+            /** User */
+            user?: string | null;
+            /** Entrypoint */
+            entrypoint?: string[];
+            /** Cmd */
+            cmd?: string[];
         };
         /** TemplateList */
         TemplateList: {

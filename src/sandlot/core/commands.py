@@ -102,7 +102,7 @@ class Commands:
         try:
             guest = await deadline.wait(live.guest)
             events = guest.exec(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
-                                user=req.user, timeout=req.timeout,
+                                user=req.user or live.record.user or "root", timeout=req.timeout,
                                 stdin=req.stdin.encode() if req.stdin is not None else None)
             while True:
                 try:
@@ -150,7 +150,8 @@ class Commands:
         guest = await live.guest()
         pty = None if req.pty is None else GuestTerminalSize(req.pty.cols, req.pty.rows)
         return await guest.start(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
-                                 user=req.user, timeout=req.timeout,
+                                 user=req.user or live.record.user or "root",
+                                 timeout=req.timeout,
                                  stdin=req.stdin.encode() if req.stdin is not None else None,
                                  pty=pty)
 

@@ -104,6 +104,7 @@ class SandboxRecord(BaseModel):
                            validation_alias=AliasChoices("image_key", "source_key"))
     build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))
     workdir: str | None = Field(None, exclude=True)
+    user: str | None = Field(None, exclude=True)  # commands' default user (an image's USER)
     paused_snapshot: str | None = Field(None, exclude=True)
 
     @property
@@ -131,6 +132,7 @@ class SnapshotRecord(BaseModel):
     internal: bool = Field(False, exclude=True)  # a fork's, for children on other hosts
     machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
     workdir: str | None = Field(None, exclude=True)
+    user: str | None = Field(None, exclude=True)
     build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))
 
     @property
@@ -156,10 +158,13 @@ class SandboxOverrides(BaseModel):
 
 
 class CreateSandbox(SandboxOverrides):
-    """A new sandbox from a template or a snapshot."""
+    """A new sandbox from a template, a snapshot or an OCI image."""
 
     template: str | None = None
     snapshot_id: str | None = None
+    image: str | None = Field(None, max_length=512, description=(
+        "an OCI image reference (`python:3.12-slim`, `registry:5000/team/app@sha256:...`): "
+        "pulled and made a template on first use (by digest), a restore after that"))
 
 
 class TerminalSize(BaseModel):
@@ -175,7 +180,8 @@ class ExecRequest(BaseModel):
     cmd: str = Field(min_length=1)
     env: dict[str, str] | None = None
     cwd: str | None = None
-    user: str = "root"
+    user: str | None = Field(None, description="the guest user to run as; default the "
+                             "template's (an image's USER), else root")
     timeout: float | None = Field(60, ge=0)
     stdin: str | None = None
     background: bool = False
@@ -197,6 +203,13 @@ class TemplateInfo(BaseModel):
     boot_ms: float | None = None
     device_model: str = ""
     machine: dict | None = None  # what its VM is: vmm.description.MachineDescription
+    # From an OCI image or a Dockerfile: where it came from (a pinned reference, or the
+    # Dockerfile's path), the user commands run as by default (None: root), and the image's
+    # ENTRYPOINT and CMD (recorded, not run: docs/images.md).
+    image: str | None = None
+    user: str | None = None
+    entrypoint: list[str] = Field(default_factory=list)
+    cmd: list[str] = Field(default_factory=list)
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

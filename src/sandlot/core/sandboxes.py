@@ -152,6 +152,8 @@ class SandboxManager:
     async def resolve_source(self, req: CreateSandbox) -> Source:
         if req.snapshot_id:
             return await self.snapshots.source(req.snapshot_id)
+        if req.image:
+            return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base")
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
@@ -160,8 +162,8 @@ class SandboxManager:
     async def create(self, req: CreateSandbox, forked_from: str | None = None) -> SandboxRecord:
         """A new sandbox from a template or a snapshot (a restore either way, never a boot);
         `forked_from`: the parent of a fork child started here for another host."""
-        if req.template and req.snapshot_id:
-            raise InvalidArgumentError("give either template or snapshot_id, not both")
+        if sum(1 for s in (req.template, req.snapshot_id, req.image) if s) > 1:
+            raise InvalidArgumentError("give one of template, snapshot_id or image")
         self.check_request(req)
         self.check_room()
         source = await self.resolve_source(req)
@@ -211,6 +213,7 @@ class SandboxManager:
             internet=req.internet, network=req.network, generation=new_generation(),
             on_timeout=req.on_timeout, auto_resume=req.auto_resume,
             image_key=image.key, build=image.build, workdir=source.workdir,
+            user=source.user,
         )
         self.runtime.check_plan(image, plan_of(rec))
         return rec
@@ -386,7 +389,8 @@ class SandboxManager:
             captured = await self.runtime.capture(live.vm, key, persistent=False)
         try:
             source = Source(image=captured.image, env=dict(parent.env),
-                            template=parent.template, workdir=parent.workdir)
+                            template=parent.template, workdir=parent.workdir,
+                            user=parent.user)
             req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
                                 timeout=parent.timeout, metadata=parent.metadata,
                                 internet=parent.internet, network=parent.network,

@@ -215,7 +215,8 @@ class SnapshotManager:
                                     f"{e.message}") from None
         image = Image(key=rec.snapshot_id, build=rec.build, machine=machine)
         return Source(image=image, env=dict(rec.env), template=rec.template,
-                      snapshot_id=rec.snapshot_id, workdir=rec.workdir)
+                      snapshot_id=rec.snapshot_id, workdir=rec.workdir,
+                      user=rec.user)
 
     # ---- taking snapshots -----------------------------------------------------------------
 
@@ -229,7 +230,7 @@ class SnapshotManager:
         rec = SnapshotRecord(
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
-            kind=kind, workdir=sb.workdir, build=sb.build, internal=internal,
+            kind=kind, workdir=sb.workdir, user=sb.user, build=sb.build, internal=internal,
         )
         self._progress[rec.snapshot_id] = _Progress()
         await self._save(rec)

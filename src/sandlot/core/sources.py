@@ -14,3 +14,4 @@ class Source:
     template: str | None = None
     snapshot_id: str | None = None
     workdir: str | None = None
+    user: str | None = None

@@ -33,6 +33,59 @@ def host_apt_sources() -> list[str]:
     return found
 
 
+def inside(root: Path, path: str) -> Path:
+    """`path` as the guest would see it under `root`, following the tree's symlinks as a
+    chroot would: an image is untrusted, and a link such as ``/opt -> /etc`` must never make
+    a write land outside `root`."""
+    resolved = root
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            resolved = resolved.parent if resolved != root else root
+            continue
+        candidate = resolved / part
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise BuildError(f"too many symbolic links under {path} in the image")
+            target = str(candidate.readlink())
+            if target.startswith("/"):
+                resolved = root
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        resolved = candidate
+    return resolved
+
+
+def install_guest(root: Path, kernel: Kernel, guest_files: dict[str, Path]) -> None:
+    """Make the tree at `root` (any image's filesystem) a sandlot guest: sandlot's init and
+    agent (`guest_files`: guest path -> host file), the kernel's modules with their index
+    (the host's depmod: the image may have none), the mount points init uses, and an empty
+    resolv.conf and fstab (init writes the resolver at boot). The one way guest files get
+    into an image's tree."""
+    for d in ("dev", "proc", "sys", "run", "tmp", "opt/sandlot", "etc", "lib/modules"):
+        inside(root, d).mkdir(parents=True, exist_ok=True)
+    for guest, host in guest_files.items():
+        target = inside(root, guest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        shutil.copyfile(host, target)
+        target.chmod(0o755)
+    modules = inside(root, f"lib/modules/{kernel.version}")
+    shutil.rmtree(modules, ignore_errors=True)
+    shutil.copytree(kernel.modules, modules, symlinks=True)
+    base = modules.parent.parent.parent  # depmod -b wants the dir holding lib/modules
+    run(["depmod", "-b", str(base), kernel.version])
+    for name in ("etc/resolv.conf", "etc/fstab"):
+        target = inside(root, name)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        target.write_text("")
+
+
 def _hook(cmd: str) -> str:
     return f"--customize-hook={cmd}"
 

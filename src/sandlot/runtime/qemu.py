@@ -593,7 +593,10 @@ async def warm_up(agent: AgentClient) -> None:
     if (await agent.run("sync; echo 3 > /proc/sys/vm/drop_caches")).exit_code:
         raise VmmError("template warm-up: dropping caches failed")
     await asyncio.gather(*(agent.run("true") for _ in range(4)))
-    await agent.run("id >/dev/null; ls / >/dev/null", user="user")
+    try:
+        await agent.run("id >/dev/null; ls / >/dev/null", user="user")
+    except InvalidArgumentError:  # an image's template: it may have no `user` account
+        await agent.run("id >/dev/null; ls / >/dev/null")
 
     async def one_chunk():
         yield b"warm"

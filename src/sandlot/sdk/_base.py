@@ -33,6 +33,7 @@ DEFAULT_URL = "http://127.0.0.1:7070"
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 # Extra read time on top of a command's own timeout, so the server's timeout error arrives first.
 COMMAND_TIMEOUT_SLACK = 30.0
+IMAGE_BUILD_TIMEOUT = 1800.0  # s: a create from an image may pull and build it first
 UPLOAD_CHUNK = 1 << 20
 LONG_POLL = 30.0  # s a snapshot wait request may be held by the server
 READ_FORMATS = ("text", "bytes", "stream")
@@ -75,6 +76,7 @@ class Request:
     path: str
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
+    timeout: httpx.Timeout | None = None  # this call's own, when the client's is too short
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -112,15 +114,22 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
                    env: dict[str, str] | None = None, timeout: int | None = 300,
                    metadata: dict[str, str] | None = None, internet: bool = True,
                    network: Any = None, on_timeout: str = "kill",
-                   auto_resume: bool = False) -> Request:
-    """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot."""
-    return Request("POST", "/v1/sandboxes", json={
-        "template": None if snapshot_id else template, "snapshot_id": snapshot_id,
+                   auto_resume: bool = False, image: str | None = None) -> Request:
+    """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot;
+    with `image` it starts from that OCI image (built into a template on first use, which
+    may take minutes: the read timeout is IMAGE_BUILD_TIMEOUT)."""
+    body = {
+        "template": None if snapshot_id or image else template, "snapshot_id": snapshot_id,
         "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env") or {},
         "timeout": timeout, "metadata": _str_dict(metadata, "metadata") or {},
         "internet": internet, "network": network, "on_timeout": on_timeout,
         "auto_resume": auto_resume,
-    })
+    }
+    if image is None:
+        return Request("POST", "/v1/sandboxes", json=body)
+    return Request("POST", "/v1/sandboxes", json={**body, "image": image},
+                   timeout=httpx.Timeout(DEFAULT_TIMEOUT.write, connect=DEFAULT_TIMEOUT.connect,
+                                         read=IMAGE_BUILD_TIMEOUT))
 
 
 def list_sandboxes(metadata: dict[str, str] | None = None, *, include_stopped: bool = False,
@@ -191,7 +200,7 @@ def create_snapshot(sandbox_id: str, name: str | None = None) -> Request:
 
 
 def run_command(sandbox_id: str, cmd: str, *, timeout: float | None, env: dict[str, str] | None,
-                cwd: str | None, user: str, stdin: str | bytes | None, background: bool,
+                cwd: str | None, user: str | None, stdin: str | bytes | None, background: bool,
                 pty: tuple[int, int] | None = None) -> Request:
     if not isinstance(cmd, str) or not cmd:
         raise InvalidArgumentError("cmd must be a non-empty string")

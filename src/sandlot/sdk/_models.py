@@ -72,6 +72,10 @@ class TemplateInfo(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     built_at: datetime | None = None
+    image: str | None = None  # the pinned image reference (or Dockerfile) it was built from
+    user: str | None = None  # commands' default user (the image's USER); None: root
+    entrypoint: list[str] = Field(default_factory=list)  # the image's, recorded, not run
+    cmd: list[str] = Field(default_factory=list)
 
 
 class SandboxMetrics(_Model):

@@ -52,7 +52,8 @@ class AsyncCommands:
 
     @overload
     async def run(self, cmd: str, *, timeout: float | None = 60,
-                  env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+                  env: dict[str, str] | None = None, cwd: str | None = None,
+                  user: str | None = None,
                   on_stdout: _base.OutputCallback | None = None,
                   on_stderr: _base.OutputCallback | None = None,
                   background: Literal[False] = False, stdin: str | bytes | None = None,
@@ -60,14 +61,16 @@ class AsyncCommands:
 
     @overload
     async def run(self, cmd: str, *, timeout: float | None = 60,
-                  env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+                  env: dict[str, str] | None = None, cwd: str | None = None,
+                  user: str | None = None,
                   on_stdout: _base.OutputCallback | None = None,
                   on_stderr: _base.OutputCallback | None = None,
                   background: Literal[True], stdin: str | bytes | None = None,
                   check: bool = False) -> AsyncCommandHandle: ...
 
     async def run(self, cmd: str, *, timeout: float | None = 60,
-                  env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+                  env: dict[str, str] | None = None, cwd: str | None = None,
+                  user: str | None = None,
                   on_stdout: _base.OutputCallback | None = None,
                   on_stderr: _base.OutputCallback | None = None,
                   background: bool = False, stdin: str | bytes | None = None,
@@ -93,7 +96,7 @@ class AsyncCommands:
 
     async def start(self, cmd: str, *, timeout: float | None = None,
                     env: dict[str, str] | None = None, cwd: str | None = None,
-                    user: str = "root", stdin: str | bytes | None = None,
+                    user: str | None = None, stdin: str | bytes | None = None,
                     ) -> AsyncCommandHandle:
         """Start `cmd` in the background and return a handle at once.
 

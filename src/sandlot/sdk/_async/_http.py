@@ -45,7 +45,8 @@ class AsyncAPI:
             client = self._http()
             request = client.build_request(
                 req.method, req.path, params=req.params or None, json=req.json,
-                content=content, timeout=timeout or client.timeout, headers=req.headers or None,
+                content=content, timeout=timeout or req.timeout or client.timeout,
+                headers=req.headers or None,
             )
             response = await client.send(request, stream=stream)
             if response.is_error:

@@ -54,7 +54,8 @@ class Commands:
 
     @overload
     def run(self, cmd: str, *, timeout: float | None = 60,
-            env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            user: str | None = None,
             on_stdout: _base.OutputCallback | None = None,
             on_stderr: _base.OutputCallback | None = None,
             background: Literal[False] = False, stdin: str | bytes | None = None,
@@ -62,14 +63,16 @@ class Commands:
 
     @overload
     def run(self, cmd: str, *, timeout: float | None = 60,
-            env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            user: str | None = None,
             on_stdout: _base.OutputCallback | None = None,
             on_stderr: _base.OutputCallback | None = None,
             background: Literal[True], stdin: str | bytes | None = None,
             check: bool = False) -> CommandHandle: ...
 
     def run(self, cmd: str, *, timeout: float | None = 60,
-            env: dict[str, str] | None = None, cwd: str | None = None, user: str = "root",
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            user: str | None = None,
             on_stdout: _base.OutputCallback | None = None,
             on_stderr: _base.OutputCallback | None = None,
             background: bool = False, stdin: str | bytes | None = None,
@@ -95,7 +98,7 @@ class Commands:
 
     def start(self, cmd: str, *, timeout: float | None = None,
               env: dict[str, str] | None = None, cwd: str | None = None,
-              user: str = "root", stdin: str | bytes | None = None,
+              user: str | None = None, stdin: str | bytes | None = None,
               ) -> CommandHandle:
         """Start `cmd` in the background and return a handle at once.
 

@@ -47,7 +47,8 @@ class API:
             client = self._http()
             request = client.build_request(
                 req.method, req.path, params=req.params or None, json=req.json,
-                content=content, timeout=timeout or client.timeout, headers=req.headers or None,
+                content=content, timeout=timeout or req.timeout or client.timeout,
+                headers=req.headers or None,
             )
             response = client.send(request, stream=stream)
             if response.is_error:

@@ -66,8 +66,14 @@ class Sandbox:
                env: dict[str, str] | None = None, timeout: int | None = 300,
                metadata: dict[str, str] | None = None, internet: bool = True,
                network: Any = None, on_timeout: str = "kill", auto_resume: bool = False,
-               api_url: str | None = None, api_key: str | None = None) -> Sandbox:
-        """Start a sandbox from `template`, or restore one from `snapshot_id`.
+               image: str | None = None, api_url: str | None = None,
+               api_key: str | None = None) -> Sandbox:
+        """Start a sandbox from `template`, restore one from `snapshot_id`, or start one from
+        the OCI image `image` (``"python:3.12-slim"``; see docs/images.md).
+
+        The first create from an image pulls it and builds a template from it (by digest;
+        minutes for a large image), later ones are restores like any other. A bad reference
+        raises `ImageError`, an image the registry does not have `ImageNotFoundError`.
 
         `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
         `timeout` seconds after creation unless extended with `set_timeout`, or paused with
@@ -80,7 +86,7 @@ class Sandbox:
             data = api.call(_base.create_sandbox(
                 template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
                 timeout=timeout, metadata=metadata, internet=internet, network=network,
-                on_timeout=on_timeout, auto_resume=auto_resume))
+                on_timeout=on_timeout, auto_resume=auto_resume, image=image))
         except BaseException:
             api.close()
             raise

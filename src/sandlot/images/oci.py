@@ -1,0 +1,224 @@
+"""OCI images: parse a reference, resolve it to a digest, pull it into an OCI layout (skopeo),
+read its config, unpack its filesystem (umoci). No registry client of our own.
+
+A registry is reached over TLS unless it is named in `SANDLOT_INSECURE_REGISTRIES`
+(``host:port,...``) or given as insecure by the caller. Credentials are skopeo's: the usual
+Docker and containers auth files (``~/.docker/config.json``, ``$XDG_RUNTIME_DIR/containers/
+auth.json``), `SANDLOT_REGISTRY_AUTH_FILE`, or ``user:password`` given by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandlot.errors import BuildError, ImageError, ImageNotFoundError
+
+INSECURE_ENV = "SANDLOT_INSECURE_REGISTRIES"
+AUTH_FILE_ENV = "SANDLOT_REGISTRY_AUTH_FILE"
+TAG = "img"  # the one tag in each layout we write
+DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
+# The reference grammar of the distribution spec: [host[:port]/]path[:tag][@digest].
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+REFERENCE_RE = re.compile(
+    rf"^(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?$")
+NOT_FOUND = ("manifest unknown", "name unknown", "not found", "repository does not exist",
+             "requested access to the resource is denied")
+SKOPEO_TIMEOUT = "10m"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An image reference as the user gave it, split. `host` is None for the default
+    registry (Docker Hub): skopeo fills it in, and it is never reached over plain HTTP."""
+
+    text: str
+    host: str | None
+    path: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def pinned(self) -> str:
+        """The reference without its tag, at `digest` (or its own)."""
+        base = f"{self.host}/{self.path}" if self.host else self.path
+        return f"{base}@{self.digest}"
+
+    def at(self, digest: str) -> Reference:
+        return Reference(self.text, self.host, self.path, self.tag, digest)
+
+
+def parse_reference(text: str) -> Reference:
+    """Split an image reference (``python:3.12-slim``, ``host:5000/team/app@sha256:...``);
+    ImageError if it is not one."""
+    text = (text or "").strip()
+    if text.startswith("docker://"):
+        text = text.removeprefix("docker://")
+    m = REFERENCE_RE.match(text) if len(text) <= 512 else None
+    if m is None:
+        raise ImageError(f"invalid image reference {text!r}: expected [registry/]name[:tag]"
+                         "[@sha256:digest], lowercase, e.g. python:3.12-slim")
+    host = m.group("host")
+    path = m.group("path")
+    if host is not None and "." not in host and ":" not in host and host != "localhost":
+        if not re.fullmatch(_COMPONENT, host):
+            raise ImageError(f"invalid image reference {text!r}: repository names are "
+                             "lowercase")
+        path, host = f"{host}/{path}", None  # `team/app`: a Docker Hub path, not a host
+    return Reference(text, host, path, m.group("tag"), m.group("digest"))
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach registries: which ones are plain HTTP, and credentials."""
+
+    insecure: frozenset[str] = frozenset()
+    creds: str | None = None  # user:password
+    auth_file: str | None = None
+
+    @classmethod
+    def from_env(cls, insecure: Iterable[str] = (), creds: str | None = None,
+                 auth_file: str | None = None) -> Access:
+        names = {h.strip() for h in os.environ.get(INSECURE_ENV, "").split(",") if h.strip()}
+        names |= {h.strip() for h in insecure if h.strip()}
+        return cls(frozenset(names), creds, auth_file or os.environ.get(AUTH_FILE_ENV) or None)
+
+    def is_insecure(self, ref: Reference) -> bool:
+        return ref.host is not None and ref.host in self.insecure
+
+    def flags(self, ref: Reference, side: str) -> list[str]:
+        """skopeo flags for reaching `ref`'s registry; `side` is ``src`` or ``dest``, or ""
+        for commands with one image (inspect)."""
+        prefix = f"--{side}-" if side else "--"
+        out = [f"{prefix}tls-verify={'false' if self.is_insecure(ref) else 'true'}"]
+        if self.creds:
+            out.append(f"{prefix}creds={self.creds}")
+        if self.auth_file:
+            out.append(f"{prefix}authfile={self.auth_file}")
+        return out
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image's config says about running commands in it."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+
+
+def _skopeo(args: list[str], ref: Reference) -> bytes:
+    """skopeo's output, as bytes (a manifest's digest is of its exact bytes)."""
+    if shutil.which("skopeo") is None:
+        raise BuildError("skopeo is not installed (apt-get install skopeo)")
+    proc = subprocess.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args],
+                          capture_output=True)
+    if proc.returncode == 0:
+        return proc.stdout
+    err = (proc.stderr or proc.stdout).decode(errors="replace").strip()
+    msg = err.rsplit('msg="', 1)[-1].rstrip('"').replace('\\"', '"')[-1500:]
+    low = msg.lower()
+    if any(s in low for s in NOT_FOUND):
+        raise ImageNotFoundError(f"image {ref.text!r} not found in its registry (or access "
+                                 f"denied without credentials): {msg}")
+    if "http response to https client" in low:
+        raise ImageError(f"registry of {ref.text!r} speaks plain HTTP: name it in "
+                         f"{INSECURE_ENV} (host:port) to allow that: {msg}")
+    if "unauthorized" in low or "authentication required" in low or "denied" in low:
+        raise ImageError(f"registry refused {ref.text!r}: credentials needed or wrong: {msg}")
+    raise ImageError(f"cannot fetch image {ref.text!r}: {msg}")
+
+
+def resolve(ref: Reference, access: Access) -> Reference:
+    """`ref` pinned to the digest its tag points at now (unchanged if already pinned)."""
+    if ref.digest:
+        return ref
+    target = f"docker://{ref.text}"
+    # The manifest (or index) as the registry serves it: its digest is the image's.
+    out = _skopeo(["inspect", "--raw", *access.flags(ref, ""), target], ref)
+    return ref.at("sha256:" + hashlib.sha256(out).hexdigest())
+
+
+def pull(ref: Reference, layout: Path, access: Access) -> Path:
+    """Copy the pinned image into the OCI layout `layout` (tag `img`), for this host's
+    platform; once (a layout that is complete is kept)."""
+    if not ref.digest:
+        raise ValueError("pull a pinned reference (resolve it first)")
+    if (layout / "index.json").exists():
+        return layout
+    layout.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=layout.name + ".", dir=layout.parent))
+    try:
+        _skopeo(["copy", "--quiet", *access.flags(ref, "src"), f"docker://{ref.pinned}",
+                 f"oci:{tmp}:{TAG}"], ref)
+        tmp.replace(layout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return layout
+
+
+def read_config(layout: Path) -> ImageConfig:
+    """The image config of the layout's `img` (or only) manifest."""
+    try:
+        index = json.loads((layout / "index.json").read_text())
+        manifests = index.get("manifests", [])
+        chosen = next((m for m in manifests
+                       if m.get("annotations", {}).get("org.opencontainers.image.ref.name")
+                       == TAG), manifests[0] if manifests else None)
+        if chosen is None:
+            raise ImageError(f"OCI layout {layout} has no image")
+        manifest = json.loads(_blob(layout, chosen["digest"]).read_text())
+        config = json.loads(_blob(layout, manifest["config"]["digest"]).read_text())
+    except (OSError, KeyError, ValueError) as e:
+        raise ImageError(f"cannot read the image config in {layout}: {e}") from e
+    c = config.get("config") or {}
+    env = {}
+    for item in c.get("Env") or []:
+        key, _, value = str(item).partition("=")
+        if key:
+            env[key] = value
+    return ImageConfig(env=env, workdir=c.get("WorkingDir") or None,
+                       user=c.get("User") or None,
+                       entrypoint=[str(a) for a in c.get("Entrypoint") or []],
+                       cmd=[str(a) for a in c.get("Cmd") or []])
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    if not DIGEST_RE.match(digest):
+        raise ImageError(f"unsupported digest {digest!r} in {layout}")
+    return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+
+def config_digest(layout: Path) -> str:
+    """The digest of the layout's manifest (what identifies the image)."""
+    index = json.loads((layout / "index.json").read_text())
+    return str(index["manifests"][0]["digest"])
+
+
+def unpack(layout: Path, bundle: Path) -> Path:
+    """The image's filesystem, its layers applied in order (whiteouts honoured): `bundle`/
+    rootfs, owned as in the image (run as root)."""
+    if shutil.which("umoci") is None:
+        raise BuildError("umoci is not installed (apt-get install umoci)")
+    proc = subprocess.run(["umoci", "unpack", "--image", f"{layout}:{TAG}", str(bundle)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise ImageError(f"cannot unpack the image: {(proc.stderr or proc.stdout)[-1500:]}")
+    return bundle / "rootfs"
+
+
+__all__ = ["Access", "ImageConfig", "Reference", "parse_reference", "resolve", "pull",
+           "read_config", "unpack", "config_digest"]
