@@ -70,12 +70,16 @@ export class Sandboxes {
   }
 
   /** Pause `sandboxId` (see {@link Sandbox.pause}). */
-  async pause(sandboxId: string): Promise<SandboxInfo> {
-    return toSandboxInfo(await this.api.call<Schemas["SandboxRecord"]>({ method: "POST", path: `/v1/sandboxes/${seg(sandboxId)}/pause` }));
+  async pause(sandboxId: string, options: { memory?: boolean } = {}): Promise<SandboxInfo> {
+    return toSandboxInfo(await this.api.call<Schemas["SandboxRecord"]>({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(sandboxId)}/pause`,
+      ...(options.memory === undefined ? {} : { json: { memory: options.memory } }),
+    }));
   }
 
   /** Resume a paused sandbox; the running sandbox. */
-  async resume(sandboxId: string, options: { timeoutMs?: number } = {}): Promise<Sandbox> {
+  async resume(sandboxId: string, options: { timeoutMs?: number; reboot?: boolean } = {}): Promise<Sandbox> {
     const sandbox = new Sandbox(this.api, await this.getInfo(sandboxId));
     return sandbox.resume(options);
   }

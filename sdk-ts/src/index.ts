@@ -21,7 +21,7 @@
 
 export { Hosts, Sandlot, Sandboxes, Snapshots, Templates } from "./client.js";
 export { ForkList, Sandbox, Snapshot } from "./sandbox.js";
-export type { NetworkUpdate, RestoreOptions, SandboxCreateOptions } from "./sandbox.js";
+export type { NetworkUpdate, RestoreOptions, SandboxCreateOptions, SnapshotOptions } from "./sandbox.js";
 export { CommandHandle, CommandOutput, Commands } from "./commands.js";
 export type { OutputCallback, RunOptions, StartOptions, WaitOptions } from "./commands.js";
 export { DEFAULT_SHELL, Terminal, Terminals } from "./terminals.js";

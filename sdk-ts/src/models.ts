@@ -55,6 +55,8 @@ export interface SandboxInfo {
   host: string | null;
   /** At its timeout: killed, or paused. */
   onTimeout: "kill" | "pause";
+  /** Whether a pause at its timeout keeps memory (`false`: its filesystem only). */
+  pauseMemory: boolean;
   /** Whether a paused sandbox resumes by itself on its next use. */
   autoResume: boolean;
 }
@@ -80,6 +82,8 @@ export interface SnapshotInfo {
   /** How long the sandbox was stopped for the capture. */
   pauseMs: number | null;
   captureMs: number | null;
+  /** `false`: the filesystem only; sandboxes made from it boot from that disk. */
+  memory: boolean;
 }
 
 /** A built template on the server. */
@@ -184,6 +188,7 @@ export function toSandboxInfo(raw: Schemas["SandboxRecord"]): SandboxInfo {
     error: raw.error ?? null,
     host: raw.host ?? null,
     onTimeout: raw.on_timeout ?? "kill",
+    pauseMemory: raw.pause_memory ?? true,
     autoResume: raw.auto_resume ?? false,
   };
 }
@@ -264,6 +269,7 @@ export function toSnapshotInfo(raw: Schemas["SnapshotRecord"]): SnapshotInfo {
     storedBytes: raw.stored_bytes ?? null,
     pauseMs: raw.pause_ms ?? null,
     captureMs: raw.capture_ms ?? null,
+    memory: raw.memory ?? true,
   };
 }
 

@@ -52,8 +52,19 @@ export interface SandboxCreateOptions {
   /** At its timeout: `"kill"` (default) or `"pause"` (its whole state kept; `resume` brings
    * it back). */
   onTimeout?: "kill" | "pause";
+  /** A pause at its timeout keeps memory and processes (default `true`); `false`: its
+   * filesystem only, and the resume boots it from its disk. */
+  pauseMemory?: boolean;
   /** A paused sandbox resumes by itself on the next command, file operation or fork. */
   autoResume?: boolean;
+}
+
+/** Options of {@link Sandbox.createSnapshot}. */
+export interface SnapshotOptions {
+  /** A unique name (`name` or `name:tag`) to restore it by. */
+  name?: string;
+  /** Keep memory and processes (default `true`); `false`: the filesystem only. */
+  memory?: boolean;
 }
 
 /** Overrides of {@link Snapshot.restoreWith}. */
@@ -71,6 +82,7 @@ export interface RestoreOptions {
   internet?: boolean;
   network?: NetworkRules;
   onTimeout?: "kill" | "pause";
+  pauseMemory?: boolean;
   autoResume?: boolean;
 }
 
@@ -108,6 +120,7 @@ export function createRequest(options: SandboxCreateOptions): Schemas["CreateSan
     internet: options.internet ?? true,
     network: wireNetwork(options.network),
     on_timeout: options.onTimeout ?? "kill",
+    pause_memory: options.pauseMemory ?? true,
     auto_resume: options.autoResume ?? false,
   };
 }
@@ -124,6 +137,7 @@ export function restoreRequest(options: RestoreOptions): Schemas["RestoreBody"] 
     internet: options.internet ?? true,
     network: wireNetwork(options.network),
     on_timeout: options.onTimeout ?? "kill",
+    pause_memory: options.pauseMemory ?? true,
     auto_resume: options.autoResume ?? false,
   };
 }
@@ -324,14 +338,16 @@ export class Sandbox {
    * milliseconds and keeps running. Resolves once its state is captured, so the snapshot holds
    * the sandbox as it was at this call and nothing done after it; compressing and storing go on
    * in the background (state `uploading`; {@link Snapshot.wait} waits until it is `ready`).
+   * With `memory: false` only its filesystem is kept (synced first, no pause, smaller):
+   * sandboxes made from it boot from that disk, without its processes.
    *
    * @throws {SnapshotFailedError} if the capture fails.
    */
-  async createSnapshot(options: { name?: string } = {}): Promise<Snapshot> {
+  async createSnapshot(options: SnapshotOptions = {}): Promise<Snapshot> {
     const data = await this.api.call<Schemas["SnapshotRecord"]>({
       method: "POST",
       path: `/v1/sandboxes/${seg(this.sandboxId)}/snapshots`,
-      json: { name: options.name ?? null } satisfies Schemas["SnapshotBody"],
+      json: { name: options.name ?? null, memory: options.memory ?? true } satisfies Schemas["SnapshotBody"],
     });
     const snap = new Snapshot(this.api, toSnapshotInfo(data));
     // The server answers before the capture has begun (it runs in the background), so a
@@ -351,7 +367,7 @@ export class Sandbox {
   }
 
   /** Alias of {@link Sandbox.createSnapshot}. */
-  async snapshot(options: { name?: string } = {}): Promise<Snapshot> {
+  async snapshot(options: SnapshotOptions = {}): Promise<Snapshot> {
     return this.createSnapshot(options);
   }
 
@@ -387,23 +403,34 @@ export class Sandbox {
 
   /**
    * Keep the sandbox's whole state (memory, processes, files) and stop its VM; {@link
-   * Sandbox.resume} brings it back exactly where it was, under the same id. Returns once the
-   * state is stored.
+   * Sandbox.resume} brings it back exactly where it was, under the same id. With `memory:
+   * false` only its files are kept, and the resume boots it from its disk (default: as the
+   * sandbox was created, `pauseMemory`). Returns once the state is stored.
    */
-  async pause(): Promise<void> {
+  async pause(options: { memory?: boolean } = {}): Promise<void> {
     const data = await this.api.call<Schemas["SandboxRecord"]>({
       method: "POST",
       path: `/v1/sandboxes/${seg(this.sandboxId)}/pause`,
+      ...(options.memory === undefined
+        ? {}
+        : { json: { memory: options.memory } satisfies Schemas["PauseBody"] }),
     });
     this._info = toSandboxInfo(data);
   }
 
-  /** Bring a paused sandbox back (with a new lifetime `timeoutMs` if given); returns this. */
-  async resume(options: { timeoutMs?: number } = {}): Promise<this> {
+  /**
+   * Bring a paused sandbox back (with a new lifetime `timeoutMs` if given); returns this.
+   * With `reboot: true` it boots from its disk as it was at the pause instead of resuming
+   * its memory.
+   */
+  async resume(options: { timeoutMs?: number; reboot?: boolean } = {}): Promise<this> {
     const data = await this.api.call<Schemas["SandboxRecord"]>({
       method: "POST",
       path: `/v1/sandboxes/${seg(this.sandboxId)}/resume`,
-      json: { timeout: seconds(options.timeoutMs) ?? null } satisfies Schemas["ResumeBody"],
+      json: {
+        timeout: seconds(options.timeoutMs) ?? null,
+        reboot: options.reboot ?? false,
+      } satisfies Schemas["ResumeBody"],
     });
     this._info = toSandboxInfo(data);
     return this;

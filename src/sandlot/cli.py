@@ -534,21 +534,29 @@ def sandbox_kill(client: Sandlot, sandbox_id: str) -> None:
 
 @sandbox.command("pause")
 @click.argument("sandbox_id")
+@click.option("--filesystem-only", is_flag=True,
+              help="Keep its files only; the resume boots it from its disk.")
 @_json_option
 @_with_client
-def sandbox_pause(client: Sandlot, sandbox_id: str, as_json: bool) -> None:
+def sandbox_pause(client: Sandlot, sandbox_id: str, filesystem_only: bool,
+                  as_json: bool) -> None:
     """Keep a sandbox's whole state and stop its VM (`resume` brings it back)."""
-    _show(client.sandboxes.pause(sandbox_id), _SANDBOX_COLUMNS, as_json)
+    _show(client.sandboxes.pause(sandbox_id, memory=False if filesystem_only else None),
+          _SANDBOX_COLUMNS, as_json)
 
 
 @sandbox.command("resume")
 @click.argument("sandbox_id")
 @click.option("--timeout", type=int, help="New time to live, seconds.")
+@click.option("--reboot", is_flag=True,
+              help="Boot from its disk as it was at the pause, not from its memory.")
 @_json_option
 @_with_client
-def sandbox_resume(client: Sandlot, sandbox_id: str, timeout: int | None, as_json: bool) -> None:
+def sandbox_resume(client: Sandlot, sandbox_id: str, timeout: int | None, reboot: bool,
+                   as_json: bool) -> None:
     """Bring a paused sandbox back exactly where it was, under its id."""
-    _show(client.sandboxes.resume(sandbox_id, timeout).info, _SANDBOX_COLUMNS, as_json)
+    _show(client.sandboxes.resume(sandbox_id, timeout, reboot=reboot).info, _SANDBOX_COLUMNS,
+          as_json)
 
 
 @sandbox.command("fork")
@@ -585,15 +593,18 @@ def snapshot() -> None:
 @snapshot.command("create")
 @click.argument("sandbox_id")
 @click.option("--name", help="Name for the snapshot.")
+@click.option("--filesystem-only", is_flag=True,
+              help="Its files only (no memory): sandboxes made from it boot.")
 @click.option("--wait", is_flag=True, help="Wait until it is ready.")
 @click.option("--wait-timeout", type=float, default=600, show_default=True,
               help="Seconds to wait with --wait.")
 @_json_option
 @_with_client
-def snapshot_create(client: Sandlot, sandbox_id: str, name: str | None, wait: bool,
-                    wait_timeout: float, as_json: bool) -> None:
+def snapshot_create(client: Sandlot, sandbox_id: str, name: str | None, filesystem_only: bool,
+                    wait: bool, wait_timeout: float, as_json: bool) -> None:
     """Snapshot a running sandbox."""
-    snap = client.sandboxes.connect(sandbox_id).create_snapshot(name)
+    snap = client.sandboxes.connect(sandbox_id).create_snapshot(name,
+                                                                memory=not filesystem_only)
     if wait:
         snap.wait(timeout=wait_timeout)
     _show(snap.info, _SNAPSHOT_COLUMNS, as_json)

@@ -223,3 +223,64 @@ async def test_without_auto_resume_a_paused_sandbox_stays_paused(api) -> None:
         await asyncio.sleep(0.2)
     r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
     assert r.status_code == 404 and "paused" in r.json()["error"]["message"]
+
+
+async def test_a_filesystem_only_pause_keeps_files_and_boots_on_resume(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    for path in ("/root/disk", "/tmp/mem"):
+        r = await api.put(f"/v1/sandboxes/{sid}/files", params={"path": path}, content=b"x")
+        assert r.status_code == 200
+    r = await api.post(f"/v1/sandboxes/{sid}/pause", json={"memory": False})
+    assert r.status_code == 200 and r.json()["state"] == "paused", r.text
+    r = await api.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    assert api.srv.runtime.vms[sid].booted  # from its disk: tmpfs (memory) is gone
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/disk"})
+    assert r.status_code == 200 and r.content == b"x"
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/mem"})
+    assert r.status_code == 404
+
+
+async def test_a_pause_at_the_timeout_keeps_what_the_sandbox_was_made_to(api) -> None:
+    sb = await create(api, timeout=1, on_timeout="pause", pause_memory=False)
+    assert sb["pause_memory"] is False
+    sid = sb["sandbox_id"]
+    deadline = time.monotonic() + 10
+    while (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] != "paused":
+        assert time.monotonic() < deadline, "not paused at its timeout"
+        await asyncio.sleep(0.2)
+    assert (await api.post(f"/v1/sandboxes/{sid}/resume")).status_code == 200
+    assert api.srv.runtime.vms[sid].booted
+
+
+async def test_a_reboot_resume_boots_a_memory_pause_from_its_disk(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    assert (await api.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    r = await api.post(f"/v1/sandboxes/{sid}/resume", json={"reboot": True})
+    assert r.status_code == 200, r.text
+    assert api.srv.runtime.vms[sid].booted
+
+
+async def test_a_filesystem_only_snapshot_restores_by_booting(api) -> None:
+    sid = (await create(api))["sandbox_id"]
+    await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"}, content=b"v1")
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={"memory": False})
+    assert r.status_code == 201 and r.json()["memory"] is False
+    snap = (await api.post(f"/v1/snapshots/{r.json()['snapshot_id']}/wait")).json()
+    assert snap["state"] == "ready" and snap["memory"] is False and snap["pause_ms"] == 0
+    # Any memory size and CPUs: nothing to load, so nothing to match.
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/restore",
+                       json={"memory_mb": 384, "cpus": 2})
+    assert r.status_code == 201, r.text
+    child = r.json()["sandbox_id"]
+    assert api.srv.runtime.vms[child].booted and r.json()["memory_mb"] == 384
+    r = await api.get(f"/v1/sandboxes/{child}/files", params={"path": "/root/f"})
+    assert r.content == b"v1"
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/restore", json={"memory_mb": 64})
+    assert r.status_code == 422 or r.status_code == 400, r.text
+    # A rollback to it boots the sandbox under its id.
+    await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"}, content=b"v2")
+    r = await api.post(f"/v1/sandboxes/{sid}/rollback", json={"snapshot_id": snap["snapshot_id"]})
+    assert r.status_code == 200, r.text
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"})
+    assert r.content == b"v1" and api.srv.runtime.vms[sid].booted

@@ -89,6 +89,12 @@ def test_pause_resume(fake: Fast) -> None:
     assert code == 0 and (json.loads(out)["state"], json.loads(out)["timeout"]) == ("running", 9)
     code, _, err = run("sandbox", "resume", sid)
     assert code == 1 and "running" in err
+    code, out, _ = run("sandbox", "pause", sid, "--filesystem-only", "--json")
+    assert code == 0 and json.loads(out)["state"] == "paused"
+    code, out, _ = run("sandbox", "resume", sid, "--reboot", "--json")
+    assert code == 0 and json.loads(out)["state"] == "running"
+    code, out, _ = run("snapshot", "create", sid, "--filesystem-only", "--wait", "--json")
+    assert code == 0 and json.loads(out)["memory"] is False
 
 
 def test_snapshot_commands(fake: Fast) -> None:

@@ -55,7 +55,8 @@ def test_create_and_lifecycle(client: Sandlot, fast: Fast) -> None:
     body = json.loads(fast.requests[-1].content)
     assert body == {"template": "base", "snapshot_id": None, "memory_mb": 1024, "cpus": None,
                     "env": {"A": "1"}, "timeout": 60, "metadata": {}, "internet": True,
-                    "network": None, "on_timeout": "kill", "auto_resume": False}
+                    "network": None, "on_timeout": "kill", "auto_resume": False,
+                    "pause_memory": True}
     assert sbx.sandbox_id.startswith("sb-")
     info = sbx.get_info()
     assert isinstance(info, SandboxInfo) and isinstance(info.created_at, datetime)

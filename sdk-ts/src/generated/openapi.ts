@@ -113,8 +113,9 @@ export interface paths {
         put?: never;
         /**
          * Pause Sandbox
-         * @description Keep the sandbox's whole state (memory, processes, disk) and stop its VM; answers once
-         *     the state is stored. `resume` brings it back under the same id.
+         * @description Keep the sandbox's whole state (memory, processes, disk), or its filesystem only
+         *     (`memory: false`), and stop its VM; answers once the state is stored. `resume` brings it
+         *     back under the same id.
          */
         post: operations["pause_sandbox_v1_sandboxes__sandbox_id__pause_post"];
         delete?: never;
@@ -134,7 +135,8 @@ export interface paths {
         put?: never;
         /**
          * Resume Sandbox
-         * @description Bring a paused sandbox back exactly where it was (a new timeout if given).
+         * @description Bring a paused sandbox back exactly where it was (a new timeout if given), or booted
+         *     from its disk (paused without memory, or `reboot`).
          */
         post: operations["resume_sandbox_v1_sandboxes__sandbox_id__resume_post"];
         delete?: never;
@@ -657,6 +659,11 @@ export interface components {
              */
             on_timeout: "kill" | "pause";
             /**
+             * Pause Memory
+             * @default true
+             */
+            pause_memory: boolean;
+            /**
              * Auto Resume
              * @default false
              */
@@ -909,6 +916,15 @@ export interface components {
             /** Deny Out */
             deny_out?: string[];
         };
+        /** PauseBody */
+        PauseBody: {
+            /**
+             * Memory
+             * @description keep memory and processes (the resume continues where it was); false: the filesystem only (the resume boots from the disk); default: the sandbox's `pause_memory`
+             * @default true
+             */
+            memory: boolean;
+        };
         /** PortBody */
         PortBody: {
             /** Port */
@@ -971,6 +987,11 @@ export interface components {
              */
             on_timeout: "kill" | "pause";
             /**
+             * Pause Memory
+             * @default true
+             */
+            pause_memory: boolean;
+            /**
              * Auto Resume
              * @default false
              */
@@ -982,6 +1003,12 @@ export interface components {
         ResumeBody: {
             /** Timeout */
             timeout?: number | null;
+            /**
+             * Reboot
+             * @description boot from the disk as it was at the pause instead of resuming its memory (a sandbox paused without memory always boots)
+             * @default false
+             */
+            reboot: boolean;
         };
         /** RollbackBody */
         RollbackBody: {
@@ -1069,6 +1096,11 @@ export interface components {
              */
             on_timeout: "kill" | "pause";
             /**
+             * Pause Memory
+             * @default true
+             */
+            pause_memory: boolean;
+            /**
              * Auto Resume
              * @default false
              */
@@ -1089,6 +1121,12 @@ export interface components {
         SnapshotBody: {
             /** Name */
             name?: string | null;
+            /**
+             * Memory
+             * @description keep memory, processes and devices (a restore resumes where it was); false: the filesystem only (smaller, no pause; a restore boots from that disk)
+             * @default true
+             */
+            memory: boolean;
         };
         /**
          * SnapshotKind
@@ -1143,6 +1181,11 @@ export interface components {
             pause_ms?: number | null;
             /** Capture Ms */
             capture_ms?: number | null;
+            /**
+             * Memory
+             * @default true
+             */
+            memory: boolean;
         };
         /**
          * SnapshotState
@@ -1536,7 +1579,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PauseBody"] | null;
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {

@@ -95,6 +95,7 @@ class SandboxRecord(BaseModel):
     generation: str = ""
     forked_from: str | None = None  # the parent sandbox of a fork child
     on_timeout: Literal["kill", "pause"] = "kill"
+    pause_memory: bool = True  # a pause at its timeout keeps memory (False: the disk only)
     auto_resume: bool = False
     pid: int | None = None
     error: str | None = None
@@ -128,6 +129,8 @@ class SnapshotRecord(BaseModel):
     stored_bytes: int | None = None
     pause_ms: float | None = None
     capture_ms: float | None = None
+    # False: the filesystem only (no memory, no processes); sandboxes made from it boot
+    memory: bool = True
     kind: SnapshotKind = Field(SnapshotKind.USER, exclude=True)
     internal: bool = Field(False, exclude=True)  # a fork's, for children on other hosts
     machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
@@ -153,6 +156,9 @@ class SandboxOverrides(BaseModel):
     network: NetworkSpec | None = None
     # at its timeout: killed, or paused (its whole state kept, `resume` brings it back)
     on_timeout: Literal["kill", "pause"] = "kill"
+    # a pause at its timeout keeps memory and processes; False: the filesystem only (smaller,
+    # and the resume boots from the disk: processes start afresh)
+    pause_memory: bool = True
     # a paused sandbox resumes by itself on the next request that needs it running
     auto_resume: bool = False
 

@@ -211,18 +211,21 @@ class SandboxManager:
             created_at=created, timeout=timeout,
             expires_at=created + timedelta(seconds=timeout) if timeout else None,
             internet=req.internet, network=req.network, generation=new_generation(),
-            on_timeout=req.on_timeout, auto_resume=req.auto_resume,
-            image_key=image.key, build=image.build, workdir=source.workdir,
-            user=source.user,
+            on_timeout=req.on_timeout, pause_memory=req.pause_memory,
+            auto_resume=req.auto_resume, image_key=image.key, build=image.build,
+            workdir=source.workdir, user=source.user,
         )
         self.runtime.check_plan(image, plan_of(rec))
         return rec
 
-    async def _start(self, rec: SandboxRecord, source: Source) -> LiveSandbox:
-        """Restore `source` into the sandbox `rec` describes, and register it as live."""
+    async def _start(self, rec: SandboxRecord, source: Source, boot: bool = False
+                     ) -> LiveSandbox:
+        """Restore `source` into the sandbox `rec` describes (`boot`: boot from its disk),
+        and register it as live."""
         await self._save(rec)
         try:
-            vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id)
+            vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id,
+                                            boot=boot)
         except BaseException as e:
             rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
             with contextlib.suppress(SandlotError):
@@ -370,10 +373,12 @@ class SandboxManager:
     # ---- snapshots, fork, rollback --------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, name: str | None = None,
-                       kind: SnapshotKind = SnapshotKind.USER, internal: bool = False):
-        """Start a snapshot of a running sandbox; it goes on in the background."""
+                       kind: SnapshotKind = SnapshotKind.USER, internal: bool = False,
+                       memory: bool = True):
+        """Start a snapshot of a running sandbox; it goes on in the background. Without
+        `memory`, of its filesystem only: sandboxes made from it boot from that disk."""
         live = self.get_live(sandbox_id)
-        rec = await self.snapshots.begin(live, name, kind, internal)
+        rec = await self.snapshots.begin(live, name, kind, internal, memory=memory)
         self.snapshots.start(live, rec)
         return rec
 
@@ -394,7 +399,9 @@ class SandboxManager:
             req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
                                 timeout=parent.timeout, metadata=parent.metadata,
                                 internet=parent.internet, network=parent.network,
-                                on_timeout=parent.on_timeout, auto_resume=parent.auto_resume)
+                                on_timeout=parent.on_timeout,
+                                pause_memory=parent.pause_memory,
+                                auto_resume=parent.auto_resume)
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)
@@ -444,10 +451,11 @@ class SandboxManager:
 
     # ---- pause and resume -----------------------------------------------------------------
 
-    async def pause(self, sandbox_id: str) -> SandboxRecord:
+    async def pause(self, sandbox_id: str, memory: bool | None = None) -> SandboxRecord:
         """Keep the sandbox's whole state in a snapshot and stop its VM; `resume` brings it
         back under the same id. Answers once the state is stored. InvalidStateError if it
-        is paused already."""
+        is paused already. `memory` false (default: the sandbox's `pause_memory`): keep its
+        filesystem only; the resume boots it from its disk."""
         if sandbox_id not in self.live:
             await self._check_not_paused(sandbox_id)
         live = self.get_live(sandbox_id)
@@ -456,7 +464,9 @@ class SandboxManager:
                 await self._check_not_paused(sandbox_id)  # another pause got there first
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
-            snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE)
+            keep_memory = rec.pause_memory if memory is None else memory
+            snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE,
+                                              memory=keep_memory)
             try:
                 captured = await self.snapshots.capture(live, snap)
             except SandlotError as e:
@@ -489,8 +499,10 @@ class SandboxManager:
             raise InvalidStateError(f"sandbox {sandbox_id} is already paused; resume it first",
                                     current=rec.state.value, allowed=("running",))
 
-    async def resume(self, sandbox_id: str, timeout: int | None = None) -> SandboxRecord:
-        """Bring a paused sandbox back, exactly where it was, under its id."""
+    async def resume(self, sandbox_id: str, timeout: int | None = None,
+                     reboot: bool = False) -> SandboxRecord:
+        """Bring a paused sandbox back under its id: exactly where it was, or (paused without
+        memory, or `reboot`) booted from its disk as it was at the pause."""
         async with self._lock(sandbox_id):
             rec = await self.get(sandbox_id)
             if rec.state != SandboxState.PAUSED or not rec.paused_snapshot:
@@ -509,7 +521,7 @@ class SandboxManager:
             rec.generation = new_generation()
             transition(rec, SandboxState.STARTING)
             try:
-                await self._start(rec, source)
+                await self._start(rec, source, boot=reboot)
             except SandlotError:
                 rec.state = SandboxState.PAUSED  # its state is still there: it may try again
                 rec.error = None

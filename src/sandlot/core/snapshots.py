@@ -222,15 +222,17 @@ class SnapshotManager:
 
     async def begin(self, live: LiveSandbox, name: str | None,
                     kind: SnapshotKind = SnapshotKind.USER,
-                    internal: bool = False) -> SnapshotRecord:
+                    internal: bool = False, memory: bool = True) -> SnapshotRecord:
         """A new `creating` record for a snapshot of `live` (`internal`: not listed, deleted
-        by its host's next start if still there: a fork's, for children on other hosts)."""
+        by its host's next start if still there: a fork's, for children on other hosts;
+        `memory` false: its filesystem only)."""
         await self.check_name(name)
         sb = live.record
         rec = SnapshotRecord(
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
             kind=kind, workdir=sb.workdir, user=sb.user, build=sb.build, internal=internal,
+            memory=memory,
         )
         self._progress[rec.snapshot_id] = _Progress()
         await self._save(rec)
@@ -259,10 +261,10 @@ class SnapshotManager:
         self._spawn(job())
 
     async def capture(self, live: LiveSandbox, rec: SnapshotRecord) -> Captured:
-        """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds).
-        Call with `live.lock` held."""
+        """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds),
+        or its disk alone (`rec.memory` false). Call with `live.lock` held."""
         try:
-            captured = await self.runtime.capture(live.vm, rec.snapshot_id)
+            captured = await self.runtime.capture(live.vm, rec.snapshot_id, memory=rec.memory)
             rec.machine = captured.image.machine.to_dict()
             rec.pause_ms = round(captured.pause_ms, 2)
             rec.capture_ms = round(captured.total_ms, 2)

@@ -174,8 +174,11 @@ class Runtime(abc.ABC):
         if problems:
             raise InvalidStateError("; ".join(problems))
 
-    def check_plan(self, image: Image, plan: MachinePlan) -> None:
+    def check_plan(self, image: Image, plan: MachinePlan, boot: bool = False) -> None:
         """Raise InvalidArgumentError if `plan` cannot be made of `image` (memory, CPUs)."""
+        if boot or not image.machine.memory:  # a boot takes any size within the bounds
+            hotplug.check_bounds(plan.memory_mb, plan.cpus)
+            return
         hotplug.check_overrides(image.machine.base_mb, image.machine.dimm_mb, plan.memory_mb,
                                 plan.cpus)
 
@@ -185,15 +188,20 @@ class Runtime(abc.ABC):
         None when there is none of that image and shape. Its id was chosen by the pool."""
 
     @abc.abstractmethod
-    async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
+    async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
+                      boot: bool = False) -> Vm:
         """A new running VM `vm_id` restored from `image`: agent connected, env, generation,
-        fresh entropy, CPUs, memory and clock set. On failure nothing of it is left."""
+        fresh entropy, CPUs, memory and clock set. A filesystem-only image, or any image
+        with `boot`, is booted from the image's disk instead (its memory, if any, unused:
+        processes start afresh). On failure nothing of it is left."""
 
     @abc.abstractmethod
-    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
+                      memory: bool = True) -> Captured:
         """Snapshot a running VM into image `key`; the VM keeps running, paused for as long
-        as copying what it changed since its restore takes. Its files are held until
-        `release(key)`."""
+        as copying what it changed since its restore takes. Without `memory`, the disk alone
+        (the guest's filesystems synced first; no pause): an image that restores by booting.
+        Its files are held until `release(key)`."""
 
     @abc.abstractmethod
     async def persist(self, captured: Captured, meta: dict) -> Stored:

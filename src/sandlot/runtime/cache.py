@@ -2,9 +2,10 @@
 
 One directory per image key holds ``ram`` (mapped copy-on-write by every VM restored from it,
 so they share its pages), ``devstate``, ``disk.qcow2`` and, for a VM that had hotplugged memory,
-``ram.dimm``; plus ``entry.json`` (whether the image is also in the store) and ``.ok`` once the
-files are complete. Every user of an entry holds a `Lease`: each VM restored from it, and a
-capture until its upload is done. An entry that is not in the store (a fork's) goes with its
+``ram.dimm`` (a filesystem-only image: ``disk.qcow2`` alone); plus ``entry.json`` (whether the
+image is also in the store, whether it has memory) and ``.ok`` once the files are complete.
+Every user of an entry holds a `Lease`: each VM restored from it, and a capture until its
+upload is done. An entry that is not in the store (a fork's) goes with its
 last lease; one whose image was deleted (`discard`) too. Stored images stay cached, least
 recently used first out once the cache holds more than its bound (`max_bytes`; entries a lease
 holds are never evicted), and are hydrated again from the store when missing.
@@ -69,9 +70,15 @@ class HotCache:
             raise ValueError(f"bad image key {key!r}")
         return self.root / key
 
-    def paths(self, key: str, dimm: bool | None = None) -> dict[str, Path]:
+    def paths(self, key: str, dimm: bool | None = None, memory: bool | None = None
+              ) -> dict[str, Path]:
+        """The entry's files: RAM and device state unless it is filesystem-only (`memory`,
+        by default as the entry was made), the disk, and the DIMM's RAM where it has one."""
         d = self.dir(key)
-        out = {name: d / FILES[name] for name in ("ram", "devstate", "disk")}
+        if memory is None:
+            memory = self._entry(key).get("memory", True)
+        out = {name: d / FILES[name] for name in (("ram", "devstate", "disk") if memory
+                                                   else ("disk",))}
         if dimm or (dimm is None and (d / FILES["dimm"]).exists()):
             out["dimm"] = d / FILES["dimm"]
         return out
@@ -102,7 +109,7 @@ class HotCache:
         return Lease(self, key)
 
     async def acquire(self, key: str, dimm: bool, hydrate: Hydrate,
-                      identity: str | None = None) -> Lease:
+                      identity: str | None = None, memory: bool = True) -> Lease:
         """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing.
 
         `identity` names the files the entry must have been made from (a template's build,
@@ -121,18 +128,18 @@ class HotCache:
                     "longer has, and running sandboxes use it; kill them to use the new build")
             if stale or not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
                 self.remove(key)
-                self._write_entry(key, persistent=True, identity=identity)
-                await hydrate(self.paths(key, dimm))
+                self._write_entry(key, persistent=True, identity=identity, memory=memory)
+                await hydrate(self.paths(key, dimm, memory))
                 self.mark_ready(key)
                 lease = self._hold(key)
                 self.evict()
                 return lease
             return self._hold(key)
 
-    def create(self, key: str, persistent: bool) -> Lease:
+    def create(self, key: str, persistent: bool, memory: bool = True) -> Lease:
         """A lease on a new, empty entry for a capture to fill (`mark_ready` when done)."""
         self.remove(key)
-        self._write_entry(key, persistent=persistent)
+        self._write_entry(key, persistent=persistent, memory=memory)
         return self._hold(key)
 
     def adopt(self, key: str) -> Lease | None:

@@ -21,7 +21,7 @@ import re
 import shlex
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sandlot.errors import (
     GuestError,
@@ -397,6 +397,7 @@ class FakeVm(Vm):
     network: NetworkPolicy | None = None
     _pid: int = field(default_factory=lambda: next(_pids))
     gone: bool = False
+    booted: bool = False  # booted from its image's disk
 
     @property
     def pid(self) -> int | None:
@@ -449,9 +450,10 @@ class FakeRuntime(Runtime):
     async def claim(self, image: Image, plan: MachinePlan) -> Vm | None:
         return None
 
-    async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
+    async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
+                      boot: bool = False) -> Vm:
         self.check_loadable(image.machine)
-        self.check_plan(image, plan)
+        self.check_plan(image, plan, boot)
         if self.fail_restores:
             self.fail_restores -= 1
             raise InvalidStateError(f"restore of {vm_id} failed (FakeRuntime.fail_restores)")
@@ -463,11 +465,15 @@ class FakeRuntime(Runtime):
             state = GuestState()
         else:
             raise NotFoundError(f"image {image.key} is not in the store")
+        booted = boot or not image.machine.memory
+        if booted:  # a boot from the disk: what lived in memory (tmpfs) is gone
+            _drop_memory(state)
         state.env = dict(plan.env)
         await asyncio.sleep(0)
         self.restores += 1
         vm = FakeVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
-                    agent=FakeGuest(state, plan.generation), network=plan.network)
+                    agent=FakeGuest(state, plan.generation), network=plan.network,
+                    booted=booted)
         self.vms[vm_id] = vm
         return vm
 
@@ -492,13 +498,18 @@ class FakeRuntime(Runtime):
             raise NotFoundError(f"template {name!r} is not in the store")
         return self.templates[name]
 
-    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
+                      memory: bool = True) -> Captured:
         assert isinstance(vm, FakeVm)
         guest = await vm.guest()
-        image = Image(key=key, build=vm.image.build,
-                      machine=self.describe(vm.memory_mb, vm.cpus), persistent=persistent)
-        self.captures[key] = (image, copy.deepcopy(guest.state))
-        return Captured(image=image, pause_ms=1.0, total_ms=2.0)
+        machine = self.describe(vm.memory_mb, vm.cpus)
+        image = Image(key=key, build=vm.image.build, persistent=persistent,
+                      machine=machine if memory else replace(machine, memory=False))
+        state = copy.deepcopy(guest.state)
+        if not memory:
+            _drop_memory(state)
+        self.captures[key] = (image, state)
+        return Captured(image=image, pause_ms=1.0 if memory else 0.0, total_ms=2.0)
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         await asyncio.sleep(self.persist_delay)
@@ -548,6 +559,19 @@ class FakeRuntime(Runtime):
         if kill:
             for vm in vms:
                 await self.kill(vm)
+
+
+MEMORY_DIRS = ("/tmp", "/dev/shm", "/run")  # tmpfs in the guest: gone with its memory
+
+
+def _drop_memory(state: GuestState) -> None:
+    """What a boot from the disk keeps of a fake guest: its files outside tmpfs."""
+    def in_memory(path: str) -> bool:
+        return any(path.startswith(d + "/") for d in MEMORY_DIRS)
+
+    state.files = {p: d for p, d in state.files.items() if not in_memory(p)}
+    state.metadata = {p: m for p, m in state.metadata.items() if not in_memory(p)}
+    state.dirs = {d for d in state.dirs if not in_memory(d)}
 
 
 def _split(cmd: str) -> list[tuple[str, str]]:

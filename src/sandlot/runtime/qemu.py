@@ -193,9 +193,12 @@ class QemuRuntime(Runtime):
                                         lambda paths: self.store.fetch(image, paths),
                                         identity=self.store.identity(image))
 
-    async def restore(self, image: Image, plan: MachinePlan, vm_id: str) -> Vm:
+    async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
+                      boot: bool = False) -> Vm:
         self.check_loadable(image.machine)
-        self.check_plan(image, plan)
+        self.check_plan(image, plan, boot)
+        if boot or not image.machine.memory:
+            return await self._boot(image, plan, vm_id)
         self.reserve.check_vm(plan.memory_mb)
         run_dir = self.settings.run_root / vm_id
         build = await self.store.ensure_build(image.build)
@@ -285,6 +288,78 @@ class QemuRuntime(Runtime):
             raise
         return vm
 
+    async def _boot(self, image: Image, plan: MachinePlan, vm_id: str) -> QemuVm:
+        """A new VM booted from `image`'s disk (a filesystem-only image, or a resume that
+        reboots): the build's kernel and initramfs, the image's disk under an overlay of its
+        own, its network, and fresh memory of the plan's size; agent connected and configured.
+        Slow under TCG (a boot: seconds), and nothing of the image's memory survives."""
+        self.reserve.check_vm(plan.memory_mb)
+        run_dir = self.settings.run_root / vm_id
+        build = await self.store.ensure_build(image.build)
+        lease: Lease | None = None
+        machine: Machine | None = None
+        net = None
+        disks: DiskChain | None = None
+        jail: Jail | None = None
+        try:
+            async with self._restore_slots:
+                if image.machine.memory:  # a reboot: the entry as restores have it
+                    lease = await self._hot(image)
+                else:
+                    lease = await self.cache.acquire(
+                        image.key, False, lambda paths: self.store.fetch(image, paths),
+                        identity=self.store.identity(image), memory=False)
+                disk = lease.path("disk")
+                run_dir.mkdir(parents=True, exist_ok=True)
+                jail = self.jails.make(vm_id, Limits.for_vm(plan.memory_mb, plan.cpus),
+                                       rw=(run_dir, self.settings.disks_dir / vm_id),
+                                       ro=(disk.parent, *_build_dirs(build, disk)))
+                self._vm_paths()
+                owner = jail.uid if jail is not None else None
+                disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=disk,
+                                  size=(build / "rootfs.ext4").stat().st_size, owner=owner)
+                await disks.create()
+                if self.network is not None and plan.network is not None:
+                    net = await self.network.attach(vm_id, plan.network, tap_owner=owner)
+                spec = MachineSpec(
+                    run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
+                    disk=disks.top, machine_type=qemu_info().default_q35,
+                    base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel, jail=jail)
+                if net is not None:
+                    spec = spec.with_(netdev=net.qemu_netdev()[-1])
+                    if jail is not None:
+                        spec = spec.with_(jail=replace(jail, netns=net.namespace))
+                    else:
+                        spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
+                machine = await Machine.launch(spec)
+            try:
+                agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
+                await agent.configure(Configure(env=plan.env, generation=plan.generation,
+                                                cpus=plan.cpus))
+            except GuestError as e:
+                raise VmmError(f"sandbox {vm_id} did not boot from its disk: {e.message}; "
+                               f"guest console: {machine.console_tail()}") from None
+            await agent.sync_clock()
+            vm = QemuVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
+                        machine=machine, agent=agent, disks=disks, run_dir=run_dir,
+                        lease=lease, network=net, booted=True)
+            vm.save()
+        except BaseException:
+            if machine is not None:
+                await machine.kill()
+            if net is not None:
+                with contextlib.suppress(Exception):
+                    await self.network.detach(vm_id)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if disks is not None:
+                disks.remove()
+            await asyncio.to_thread(self.jails.release, jail)
+            if lease is not None:
+                lease.release()
+            raise
+        log.info("booted %s from image %s's disk", vm_id, image.key)
+        return vm
+
     async def cold_boot(self, build: str, plan: MachinePlan, vm_id: str) -> QemuVm:
         """Boot a template build from scratch (slow under TCG: the baseline restores beat),
         its agent connected and configured."""
@@ -366,29 +441,46 @@ class QemuRuntime(Runtime):
 
     # ---- capture and storage --------------------------------------------------------------
 
-    async def capture(self, vm: Vm, key: str, *, persistent: bool = True) -> Captured:
+    async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
+                      memory: bool = True) -> Captured:
         assert isinstance(vm, QemuVm)
-        self.reserve.check_capture(vm.memory_mb)
-        lease = self.cache.create(key, persistent)
+        if memory:
+            self.reserve.check_capture(vm.memory_mb)
+        else:
+            self.reserve.check_vm(0)  # disk room for the image's disk
+        t0 = time.monotonic()
+        lease = self.cache.create(key, persistent, memory=memory)
         self._vm_paths()
         try:
+            if not memory:  # what the guest wrote reaches the disk before it is taken
+                synced = await (await vm.guest()).run("sync", timeout=120)
+                if synced.exit_code:
+                    raise GuestError(f"sandbox {vm.id}: `sync` failed before a filesystem "
+                                     f"snapshot (exit {synced.exit_code})")
             async with vm.lock:
                 await self._compact(vm)
                 if vm.disks.frozen is not None:
                     raise VmmError(f"sandbox {vm.id}: its disk chain could not be compacted "
                                    "before the snapshot")
-                result = await vmm_snapshot.capture(vm.machine, vm.disks, self.cache.dir(key))
+                if memory:
+                    result = await vmm_snapshot.capture(vm.machine, vm.disks,
+                                                        self.cache.dir(key))
+                    pause_ms, changed_pages = result.pause_ms, result.changed
+                else:
+                    await vmm_snapshot.freeze_disk(vm.machine, vm.disks)
+                    pause_ms, changed_pages = 0.0, {}
                 vm.save()
-            changed_mib = sum(len(p) for p in result.changed.values()) * 4096 / 2**20
-            log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
-                     "restore", key, vm.id, result.pause_ms,
-                     ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
-                     changed_mib)
-            # The guest's clock stood still during the pause: bring it back to the host's.
-            try:
-                await (await vm.guest()).sync_clock()
-            except SandlotError as e:
-                log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
+            if memory:
+                changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
+                log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
+                         "restore", key, vm.id, pause_ms,
+                         ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
+                         changed_mib)
+                # The guest's clock stood still during the pause: bring it back to the host's.
+                try:
+                    await (await vm.guest()).sync_clock()
+                except SandlotError as e:
+                    log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
             await vm.disks.flatten_frozen(lease.path("disk"))
             self.cache.mark_ready(key)
             self.cache.evict()
@@ -397,13 +489,18 @@ class QemuRuntime(Runtime):
             self.cache.remove(key)
             raise
         related = [vm.image.key] + ([vm.last_capture] if vm.last_capture else [])
-        self._captures[key] = _Capture(lease, related, {
-            name: _byte_ranges(pages) for name, pages in result.changed.items()})
+        # Pages changed relative to the image the VM maps; a booted VM maps none (all its
+        # RAM is its own), so its files are hashed whole.
+        changed = {} if vm.booted else {name: _byte_ranges(pages)
+                                        for name, pages in changed_pages.items()}
+        self._captures[key] = _Capture(lease, related, changed)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
-        image = Image(key=key, build=vm.image.build, machine=describe(vm.machine.spec, vm.cpus),
-                      persistent=persistent)
-        return Captured(image=image, pause_ms=result.pause_ms, total_ms=result.total_ms)
+        machine = describe(vm.machine.spec, vm.cpus)
+        image = Image(key=key, build=vm.image.build, persistent=persistent,
+                      machine=machine if memory else replace(machine, memory=False))
+        return Captured(image=image, pause_ms=pause_ms,
+                        total_ms=(time.monotonic() - t0) * 1000)
 
     async def _compact(self, vm: QemuVm) -> None:
         """Merge a frozen disk layer into the VM's top one (call with `vm.lock` held)."""
@@ -528,7 +625,8 @@ class QemuRuntime(Runtime):
         vm = QemuVm(id=vm_id, image=image, cpus=int(state["cpus"]),
                     memory_mb=int(state["memory_mb"]), machine=machine, agent=agent,
                     disks=disks, run_dir=run_dir, lease=self.cache.adopt(image.key),
-                    last_capture=state.get("last_capture"))
+                    last_capture=state.get("last_capture"),
+                    booted=bool(state.get("booted", False)))
         vm.save()
         for leftover in run_dir.glob("devstate-*"):  # saved by a capture the crash cut short
             leftover.unlink(missing_ok=True)

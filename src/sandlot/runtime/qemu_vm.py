@@ -34,6 +34,7 @@ class QemuVm(Vm):
     lease: Lease | None = None  # on the image's hot files (None: a cold-booted template VM)
     network: SandboxNetwork | None = None
     last_capture: str | None = None  # the last image captured of it (stored ones only)
+    booted: bool = False  # booted from its image's disk: its RAM is its own (anonymous)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # captures and disk merges
 
     @property
@@ -75,6 +76,7 @@ class QemuVm(Vm):
                       "machine": self.image.machine.to_dict(),
                       "persistent": self.image.persistent},
             "cpus": self.cpus, "memory_mb": self.memory_mb, "last_capture": self.last_capture,
+            "booted": self.booted,
             "disks": {"dir": str(self.disks.dir), "source": str(self.disks.source),
                       "size": self.disks.size, "source_fmt": self.disks.source_fmt},
         }

@@ -114,7 +114,8 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
                    env: dict[str, str] | None = None, timeout: int | None = 300,
                    metadata: dict[str, str] | None = None, internet: bool = True,
                    network: Any = None, on_timeout: str = "kill",
-                   auto_resume: bool = False, image: str | None = None) -> Request:
+                   auto_resume: bool = False, image: str | None = None,
+                   pause_memory: bool = True) -> Request:
     """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot;
     with `image` it starts from that OCI image (built into a template on first use, which
     may take minutes: the read timeout is IMAGE_BUILD_TIMEOUT)."""
@@ -123,7 +124,7 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
         "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env") or {},
         "timeout": timeout, "metadata": _str_dict(metadata, "metadata") or {},
         "internet": internet, "network": network, "on_timeout": on_timeout,
-        "auto_resume": auto_resume,
+        "auto_resume": auto_resume, "pause_memory": pause_memory,
     }
     if image is None:
         return Request("POST", "/v1/sandboxes", json=body)
@@ -183,20 +184,25 @@ def fork_sandbox(sandbox_id: str, count: int) -> Request:
     return Request("POST", _sb(sandbox_id) + "/fork", json={"count": count})
 
 
-def pause_sandbox(sandbox_id: str) -> Request:
-    return Request("POST", _sb(sandbox_id) + "/pause")
+def pause_sandbox(sandbox_id: str, memory: bool | None = None) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/pause",
+                   json=None if memory is None else {"memory": bool(memory)})
 
 
-def resume_sandbox(sandbox_id: str, timeout: int | None = None) -> Request:
-    return Request("POST", _sb(sandbox_id) + "/resume", json={"timeout": timeout})
+def resume_sandbox(sandbox_id: str, timeout: int | None = None, reboot: bool = False
+                   ) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/resume",
+                   json={"timeout": timeout, "reboot": bool(reboot)})
 
 
 def rollback_sandbox(sandbox_id: str, snapshot_id: str) -> Request:
     return Request("POST", _sb(sandbox_id) + "/rollback", json={"snapshot_id": snapshot_id})
 
 
-def create_snapshot(sandbox_id: str, name: str | None = None) -> Request:
-    return Request("POST", _sb(sandbox_id) + "/snapshots", json={"name": name})
+def create_snapshot(sandbox_id: str, name: str | None = None, memory: bool = True
+                    ) -> Request:
+    return Request("POST", _sb(sandbox_id) + "/snapshots",
+                   json={"name": name, "memory": bool(memory)})
 
 
 def run_command(sandbox_id: str, cmd: str, *, timeout: float | None, env: dict[str, str] | None,

@@ -34,6 +34,7 @@ class SandboxInfo(_Model):
     internet: bool = True
     generation: str | None = None
     on_timeout: str = "kill"
+    pause_memory: bool = True
     auto_resume: bool = False
     host: str | None = None
     pid: int | None = None
@@ -60,6 +61,7 @@ class SnapshotInfo(_Model):
     stored_bytes: int | None = None
     pause_ms: float | None = None
     capture_ms: float | None = None
+    memory: bool = True  # False: the filesystem only; sandboxes made from it boot
 
 
 class TemplateInfo(_Model):

@@ -44,6 +44,16 @@ class RollbackBody(BaseModel):
 
 class SnapshotBody(BaseModel):
     name: str | None = None
+    memory: bool = Field(True, description=(
+        "keep memory, processes and devices (a restore resumes where it was); false: the "
+        "filesystem only (smaller, no pause; a restore boots from that disk)"))
+
+
+class PauseBody(BaseModel):
+    memory: bool = Field(True, description=(
+        "keep memory and processes (the resume continues where it was); false: the "
+        "filesystem only (the resume boots from the disk); default: the sandbox's "
+        "`pause_memory`"))
 
 
 class SandboxList(BaseModel):
@@ -130,20 +140,27 @@ async def rollback_sandbox(sandbox_id: str, body: RollbackBody, request: Request
 
 class ResumeBody(BaseModel):
     timeout: int | None = Field(None, ge=0)
+    reboot: bool = Field(False, description=(
+        "boot from the disk as it was at the pause instead of resuming its memory "
+        "(a sandbox paused without memory always boots)"))
 
 
 @router.post("/{sandbox_id}/pause", response_model=SandboxRecord)
-async def pause_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
-    """Keep the sandbox's whole state (memory, processes, disk) and stop its VM; answers once
-    the state is stored. `resume` brings it back under the same id."""
+async def pause_sandbox(sandbox_id: str, request: Request,
+                        body: PauseBody | None = None) -> SandboxRecord:
+    """Keep the sandbox's whole state (memory, processes, disk), or its filesystem only
+    (`memory: false`), and stop its VM; answers once the state is stored. `resume` brings it
+    back under the same id."""
+    memory = body.memory if body is not None and "memory" in body.model_fields_set else None
     with timed(request, "pause"):
-        return await core(request).sandboxes.pause(sandbox_id)
+        return await core(request).sandboxes.pause(sandbox_id, memory=memory)
 
 
 @router.post("/{sandbox_id}/resume", response_model=SandboxRecord)
 async def resume_sandbox(sandbox_id: str, request: Request,
                          body: ResumeBody | None = None) -> SandboxRecord:
-    """Bring a paused sandbox back exactly where it was (a new timeout if given)."""
+    """Bring a paused sandbox back exactly where it was (a new timeout if given), or booted
+    from its disk (paused without memory, or `reboot`)."""
     c = core(request)
     with timed(request, "resume"):
         if placing(request):  # a paused sandbox resumes on whichever host placement picks
@@ -153,13 +170,15 @@ async def resume_sandbox(sandbox_id: str, request: Request,
                 placed = await elsewhere(request, need=need)
                 if placed is not None:
                     return placed
-        return await c.sandboxes.resume(sandbox_id, body.timeout if body else None)
+        return await c.sandboxes.resume(sandbox_id, body.timeout if body else None,
+                                        reboot=bool(body and body.reboot))
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
-    return await core(request).sandboxes.snapshot(sandbox_id, body.name if body else None)
+    body = body or SnapshotBody()
+    return await core(request).sandboxes.snapshot(sandbox_id, body.name, memory=body.memory)
 
 
 class MetricList(BaseModel):

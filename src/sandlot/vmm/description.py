@@ -8,6 +8,10 @@ snapshot versioning works the same way).
 
 Memory has one name per quantity: `base_mb` is the main RAM backend, `dimm_mb` the hotplugged
 DIMM, `memory_mb` their sum (the size users ask for).
+
+A filesystem-only image (`memory` false: a disk, no RAM or device state) is booted, not loaded:
+any host whose guest protocol matches can start it, whatever its QEMU, device model or
+accelerator (format 1.1; a 1.0 record is an image with memory).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from sandlot.errors import InvalidStateError
 from sandlot.guest.protocol import PROTO_VERSION
 from sandlot.vmm.qemu import QemuInfo
 
-FORMAT = "1.0"  # major.minor of this record
+FORMAT = "1.1"  # major.minor of this record
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -41,6 +45,7 @@ class MachineDescription:
     cpus: int = 1  # online when taken
     guest_proto: int = PROTO_VERSION
     format: str = FORMAT
+    memory: bool = True  # False: filesystem only (booted from its disk on restore)
 
     @property
     def memory_mb(self) -> int:
@@ -69,6 +74,8 @@ class MachineDescription:
     def problems(self, host: QemuInfo, device_model: str, accel: str) -> list[str]:
         """Why this host cannot load it (empty: it can)."""
         out = []
+        if not self.memory:  # booted from its disk: only the guest inside must match
+            return self._guest_problems()
         if self.machine_type not in host.machine_types:
             out.append(f"it was taken with machine type {self.machine_type} (QEMU "
                        f"{self.qemu_version}), which this host's QEMU {host.version} lacks")
@@ -77,7 +84,10 @@ class MachineDescription:
                        f"runs model {device_model}")
         if self.accel != accel:
             out.append(f"it was taken under {self.accel}, this server runs {accel}")
+        return out + self._guest_problems()
+
+    def _guest_problems(self) -> list[str]:
         if self.guest_proto != PROTO_VERSION:
-            out.append(f"its guest agent speaks protocol {self.guest_proto}, this server "
-                       f"{PROTO_VERSION}")
-        return out
+            return [f"its guest agent speaks protocol {self.guest_proto}, this server "
+                    f"{PROTO_VERSION}"]
+        return []

@@ -14,6 +14,18 @@ from sandlot.vmm.machine import MAX_CPUS, MAX_MEM_MB, Machine
 MEMORY_BLOCK_MB = 128  # x86-64 Linux onlines memory in 128 MiB blocks
 
 
+MIN_BOOT_MB = 256  # a guest booted from its disk (filesystem-only images)
+
+
+def check_bounds(memory_mb: int, cpus: int) -> None:
+    """Validate a boot's memory/CPU request (any size within the bounds: nothing to load)."""
+    if cpus > MAX_CPUS:
+        raise InvalidArgumentError(f"cpus={cpus} is above the maximum of {MAX_CPUS}")
+    if not MIN_BOOT_MB <= memory_mb <= MAX_MEM_MB:
+        raise InvalidArgumentError(f"memory_mb={memory_mb} is outside {MIN_BOOT_MB}-"
+                                   f"{MAX_MEM_MB} for a sandbox booted from its disk")
+
+
 def check_overrides(base_mb: int, base_dimm_mb: int, memory_mb: int, cpus: int) -> int:
     """Validate a restore's memory/CPU request; returns the extra memory (MiB) to hotplug."""
     have = base_mb + base_dimm_mb

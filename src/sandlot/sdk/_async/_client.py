@@ -23,12 +23,14 @@ class AsyncSandboxes:
                      env: dict[str, str] | None = None, timeout: int | None = 300,
                      metadata: dict[str, str] | None = None, internet: bool = True,
                      network: Any = None, on_timeout: str = "kill",
-                     auto_resume: bool = False, image: str | None = None) -> AsyncSandbox:
+                     auto_resume: bool = False, image: str | None = None,
+                     pause_memory: bool = True) -> AsyncSandbox:
         """Start a sandbox; see `AsyncSandbox.create`."""
         data = await self._api.call(_base.create_sandbox(
             template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
             timeout=timeout, metadata=metadata, internet=internet, network=network,
-            on_timeout=on_timeout, auto_resume=auto_resume, image=image))
+            on_timeout=on_timeout, auto_resume=auto_resume, image=image,
+            pause_memory=pause_memory))
         return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
 
     async def connect(self, sandbox_id: str) -> AsyncSandbox:
@@ -52,14 +54,15 @@ class AsyncSandboxes:
         """Stop `sandbox_id`; False if it was already gone."""
         return await AsyncSandbox(self._api, SandboxInfo(sandbox_id=sandbox_id)).kill()
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
+    async def pause(self, sandbox_id: str, *, memory: bool | None = None) -> SandboxInfo:
         """Pause `sandbox_id` (see `AsyncSandbox.pause`)."""
         return SandboxInfo.model_validate(
-            await self._api.call(_base.pause_sandbox(sandbox_id)))
+            await self._api.call(_base.pause_sandbox(sandbox_id, memory)))
 
-    async def resume(self, sandbox_id: str, timeout: int | None = None) -> AsyncSandbox:
-        """Resume a paused sandbox; the running sandbox."""
-        data = await self._api.call(_base.resume_sandbox(sandbox_id, timeout))
+    async def resume(self, sandbox_id: str, timeout: int | None = None, *,
+                     reboot: bool = False) -> AsyncSandbox:
+        """Resume a paused sandbox (see `AsyncSandbox.resume`); the running sandbox."""
+        data = await self._api.call(_base.resume_sandbox(sandbox_id, timeout, reboot))
         return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
 
 

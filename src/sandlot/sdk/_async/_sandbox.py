@@ -64,8 +64,8 @@ class AsyncSandbox:
                      env: dict[str, str] | None = None, timeout: int | None = 300,
                      metadata: dict[str, str] | None = None, internet: bool = True,
                      network: Any = None, on_timeout: str = "kill", auto_resume: bool = False,
-                     image: str | None = None, api_url: str | None = None,
-                     api_key: str | None = None) -> AsyncSandbox:
+                     image: str | None = None, pause_memory: bool = True,
+                     api_url: str | None = None, api_key: str | None = None) -> AsyncSandbox:
         """Start a sandbox from `template`, restore one from `snapshot_id`, or start one from
         the OCI image `image` (``"python:3.12-slim"``; see docs/images.md).
 
@@ -75,8 +75,9 @@ class AsyncSandbox:
 
         `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
         `timeout` seconds after creation unless extended with `set_timeout`, or paused with
-        ``on_timeout="pause"`` (its whole state kept; `resume` brings it back, and with
-        `auto_resume` the next command, file operation or fork does). The server is
+        ``on_timeout="pause"`` (its whole state kept, or with ``pause_memory=False`` its
+        filesystem only; `resume` brings it back, and with `auto_resume` the next command,
+        file operation or fork does). The server is
         `api_url`/`api_key`, defaulting to env ``SANDLOT_URL``/``SANDLOT_API_KEY``.
         """
         api = AsyncAPI(api_url, api_key)
@@ -84,7 +85,8 @@ class AsyncSandbox:
             data = await api.call(_base.create_sandbox(
                 template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
                 timeout=timeout, metadata=metadata, internet=internet, network=network,
-                on_timeout=on_timeout, auto_resume=auto_resume, image=image))
+                on_timeout=on_timeout, auto_resume=auto_resume, image=image,
+                pause_memory=pause_memory))
         except BaseException:
             await api.aclose()
             raise
@@ -178,17 +180,20 @@ class AsyncSandbox:
         finally:
             await self.aclose()
 
-    async def create_snapshot(self, name: str | None = None) -> AsyncSnapshot:
+    async def create_snapshot(self, name: str | None = None, *, memory: bool = True
+                              ) -> AsyncSnapshot:
         """Start snapshotting the sandbox; returns at once with the snapshot ``creating``.
 
         The sandbox keeps running. Call `AsyncSnapshot.wait` to wait until it is ``ready``.
+        With ``memory=False`` only its filesystem is kept (synced first; no pause, a
+        smaller snapshot): sandboxes made from it boot from that disk, without its processes.
         """
-        data = await self._api.call(_base.create_snapshot(self.sandbox_id, name))
+        data = await self._api.call(_base.create_snapshot(self.sandbox_id, name, memory))
         return AsyncSnapshot(self._api, SnapshotInfo.model_validate(data))
 
-    async def snapshot(self, name: str | None = None) -> AsyncSnapshot:
+    async def snapshot(self, name: str | None = None, *, memory: bool = True) -> AsyncSnapshot:
         """Alias of `create_snapshot`."""
-        return await self.create_snapshot(name)
+        return await self.create_snapshot(name, memory=memory)
 
     async def fork(self, count: int = 1) -> AsyncForkList:
         """Start `count` new sandboxes from this one's current state.
@@ -202,17 +207,22 @@ class AsyncSandbox:
         return AsyncForkList([self._child(info) for info in infos], errors,
                              data.get("pause_ms") if isinstance(data, dict) else None)
 
-    async def pause(self) -> None:
+    async def pause(self, *, memory: bool | None = None) -> None:
         """Keep the sandbox's whole state (memory, processes, files) and stop its VM, so it
         costs nothing while it waits; `resume` brings it back exactly where it was, under the
-        same id. Returns once the state is stored."""
+        same id. With ``memory=False`` only its files are kept (the resume boots it from its
+        disk; default: as the sandbox was created, ``pause_memory``). Returns once the state
+        is stored."""
         self._info = SandboxInfo.model_validate(
-            await self._api.call(_base.pause_sandbox(self.sandbox_id)))
+            await self._api.call(_base.pause_sandbox(self.sandbox_id, memory)))
 
-    async def resume(self, timeout: int | None = None) -> AsyncSandbox:
-        """Bring a paused sandbox back (with a new `timeout` if given); returns self."""
+    async def resume(self, timeout: int | None = None, *, reboot: bool = False
+                     ) -> AsyncSandbox:
+        """Bring a paused sandbox back (with a new `timeout` if given); returns self. With
+        `reboot` it boots from its disk as it was at the pause instead of resuming its
+        memory."""
         self._info = SandboxInfo.model_validate(
-            await self._api.call(_base.resume_sandbox(self.sandbox_id, timeout)))
+            await self._api.call(_base.resume_sandbox(self.sandbox_id, timeout, reboot)))
         return self
 
     async def rollback(self, snapshot: AsyncSnapshot | SnapshotInfo | str) -> AsyncSandbox:

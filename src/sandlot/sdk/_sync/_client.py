@@ -25,12 +25,14 @@ class Sandboxes:
                env: dict[str, str] | None = None, timeout: int | None = 300,
                metadata: dict[str, str] | None = None, internet: bool = True,
                network: Any = None, on_timeout: str = "kill",
-               auto_resume: bool = False, image: str | None = None) -> Sandbox:
+               auto_resume: bool = False, image: str | None = None,
+               pause_memory: bool = True) -> Sandbox:
         """Start a sandbox; see `Sandbox.create`."""
         data = self._api.call(_base.create_sandbox(
             template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
             timeout=timeout, metadata=metadata, internet=internet, network=network,
-            on_timeout=on_timeout, auto_resume=auto_resume, image=image))
+            on_timeout=on_timeout, auto_resume=auto_resume, image=image,
+            pause_memory=pause_memory))
         return Sandbox(self._api, SandboxInfo.model_validate(data))
 
     def connect(self, sandbox_id: str) -> Sandbox:
@@ -54,14 +56,15 @@ class Sandboxes:
         """Stop `sandbox_id`; False if it was already gone."""
         return Sandbox(self._api, SandboxInfo(sandbox_id=sandbox_id)).kill()
 
-    def pause(self, sandbox_id: str) -> SandboxInfo:
+    def pause(self, sandbox_id: str, *, memory: bool | None = None) -> SandboxInfo:
         """Pause `sandbox_id` (see `Sandbox.pause`)."""
         return SandboxInfo.model_validate(
-            self._api.call(_base.pause_sandbox(sandbox_id)))
+            self._api.call(_base.pause_sandbox(sandbox_id, memory)))
 
-    def resume(self, sandbox_id: str, timeout: int | None = None) -> Sandbox:
-        """Resume a paused sandbox; the running sandbox."""
-        data = self._api.call(_base.resume_sandbox(sandbox_id, timeout))
+    def resume(self, sandbox_id: str, timeout: int | None = None, *,
+               reboot: bool = False) -> Sandbox:
+        """Resume a paused sandbox (see `Sandbox.resume`); the running sandbox."""
+        data = self._api.call(_base.resume_sandbox(sandbox_id, timeout, reboot))
         return Sandbox(self._api, SandboxInfo.model_validate(data))
 
 

@@ -66,8 +66,8 @@ class Sandbox:
                env: dict[str, str] | None = None, timeout: int | None = 300,
                metadata: dict[str, str] | None = None, internet: bool = True,
                network: Any = None, on_timeout: str = "kill", auto_resume: bool = False,
-               image: str | None = None, api_url: str | None = None,
-               api_key: str | None = None) -> Sandbox:
+               image: str | None = None, pause_memory: bool = True,
+               api_url: str | None = None, api_key: str | None = None) -> Sandbox:
         """Start a sandbox from `template`, restore one from `snapshot_id`, or start one from
         the OCI image `image` (``"python:3.12-slim"``; see docs/images.md).
 
@@ -77,8 +77,9 @@ class Sandbox:
 
         `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
         `timeout` seconds after creation unless extended with `set_timeout`, or paused with
-        ``on_timeout="pause"`` (its whole state kept; `resume` brings it back, and with
-        `auto_resume` the next command, file operation or fork does). The server is
+        ``on_timeout="pause"`` (its whole state kept, or with ``pause_memory=False`` its
+        filesystem only; `resume` brings it back, and with `auto_resume` the next command,
+        file operation or fork does). The server is
         `api_url`/`api_key`, defaulting to env ``SANDLOT_URL``/``SANDLOT_API_KEY``.
         """
         api = API(api_url, api_key)
@@ -86,7 +87,8 @@ class Sandbox:
             data = api.call(_base.create_sandbox(
                 template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
                 timeout=timeout, metadata=metadata, internet=internet, network=network,
-                on_timeout=on_timeout, auto_resume=auto_resume, image=image))
+                on_timeout=on_timeout, auto_resume=auto_resume, image=image,
+                pause_memory=pause_memory))
         except BaseException:
             api.close()
             raise
@@ -180,17 +182,20 @@ class Sandbox:
         finally:
             self.close()
 
-    def create_snapshot(self, name: str | None = None) -> Snapshot:
+    def create_snapshot(self, name: str | None = None, *, memory: bool = True
+                        ) -> Snapshot:
         """Start snapshotting the sandbox; returns at once with the snapshot ``creating``.
 
         The sandbox keeps running. Call `Snapshot.wait` to wait until it is ``ready``.
+        With ``memory=False`` only its filesystem is kept (synced first; no pause, a
+        smaller snapshot): sandboxes made from it boot from that disk, without its processes.
         """
-        data = self._api.call(_base.create_snapshot(self.sandbox_id, name))
+        data = self._api.call(_base.create_snapshot(self.sandbox_id, name, memory))
         return Snapshot(self._api, SnapshotInfo.model_validate(data))
 
-    def snapshot(self, name: str | None = None) -> Snapshot:
+    def snapshot(self, name: str | None = None, *, memory: bool = True) -> Snapshot:
         """Alias of `create_snapshot`."""
-        return self.create_snapshot(name)
+        return self.create_snapshot(name, memory=memory)
 
     def fork(self, count: int = 1) -> ForkList:
         """Start `count` new sandboxes from this one's current state.
@@ -204,17 +209,22 @@ class Sandbox:
         return ForkList([self._child(info) for info in infos], errors,
                         data.get("pause_ms") if isinstance(data, dict) else None)
 
-    def pause(self) -> None:
+    def pause(self, *, memory: bool | None = None) -> None:
         """Keep the sandbox's whole state (memory, processes, files) and stop its VM, so it
         costs nothing while it waits; `resume` brings it back exactly where it was, under the
-        same id. Returns once the state is stored."""
+        same id. With ``memory=False`` only its files are kept (the resume boots it from its
+        disk; default: as the sandbox was created, ``pause_memory``). Returns once the state
+        is stored."""
         self._info = SandboxInfo.model_validate(
-            self._api.call(_base.pause_sandbox(self.sandbox_id)))
+            self._api.call(_base.pause_sandbox(self.sandbox_id, memory)))
 
-    def resume(self, timeout: int | None = None) -> Sandbox:
-        """Bring a paused sandbox back (with a new `timeout` if given); returns self."""
+    def resume(self, timeout: int | None = None, *, reboot: bool = False
+               ) -> Sandbox:
+        """Bring a paused sandbox back (with a new `timeout` if given); returns self. With
+        `reboot` it boots from its disk as it was at the pause instead of resuming its
+        memory."""
         self._info = SandboxInfo.model_validate(
-            self._api.call(_base.resume_sandbox(self.sandbox_id, timeout)))
+            self._api.call(_base.resume_sandbox(self.sandbox_id, timeout, reboot)))
         return self
 
     def rollback(self, snapshot: Snapshot | SnapshotInfo | str) -> Sandbox:

@@ -115,14 +115,6 @@ class NetworkUpdate(Body):
     rules: dict | None = None
 
 
-def _require_memory(memory: bool | None, what: str) -> None:
-    if memory is False:
-        raise InvalidArgumentError(
-            f"sandlot {what} always keeps memory (a full snapshot restored in milliseconds); "
-            "filesystem-only snapshots and reboot-on-resume are not supported, so leave "
-            "mode/on_resume at their defaults")
-
-
 def _network(raw: dict | None) -> NetworkSpec | None:
     if not raw:
         return None
@@ -136,9 +128,6 @@ def _network(raw: dict | None) -> NetworkSpec | None:
 
 
 def _check_create(body: NewSandbox) -> None:
-    if body.auto_pause and body.auto_pause_memory is False:
-        raise Unsupported("sandlot pauses with memory only (a full snapshot, resumed in "
-                          "milliseconds); filesystem-only auto-pause is not supported")
     if body.mcp:
         raise Unsupported("sandlot has no MCP gateway template")
     if body.iam and body.iam.get("tokens"):
@@ -166,6 +155,7 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         timeout=body.timeout, internet=body.allow_internet_access is not False,
                         network=_network(body.network),
                         on_timeout="pause" if body.auto_pause else "kill",
+                        pause_memory=body.auto_pause_memory is not False,
                         auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")))
     placed = await elsewhere(request, req)
     if placed is not None:
@@ -270,9 +260,10 @@ async def refresh(sandbox_id: str, request: Request, body: RefreshBody | None = 
 async def connect_sandbox(sandbox_id: str, request: Request, body: ConnectBody | None = None
                           ) -> JSONResponse:
     body = body or ConnectBody()
-    _require_memory(body.memory, "resume")
     st = e2b_state(request)
-    rec, resumed = await st.lifecycle.connect(sandbox_id, body.timeout)
+    # memory false (on_resume="reboot"): a paused sandbox boots from its disk
+    rec, resumed = await st.lifecycle.connect(sandbox_id, body.timeout,
+                                              reboot=body.memory is False)
     return _answer(st, rec, 201 if resumed else 200)
 
 
@@ -282,15 +273,17 @@ async def resume_sandbox(sandbox_id: str, request: Request, body: ConnectBody | 
     st = e2b_state(request)
     if sandbox_id in core(request).sandboxes.live:
         raise ConflictError(f"sandbox {sandbox_id} is already running")
-    rec, _ = await st.lifecycle.connect(sandbox_id, body.timeout if body else None)
+    rec, _ = await st.lifecycle.connect(sandbox_id, body.timeout if body else None,
+                                        reboot=bool(body and body.memory is False))
     return _answer(st, rec, 201)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
 async def pause_sandbox(sandbox_id: str, request: Request, body: PauseBody | None = None
                         ) -> Response:
-    _require_memory(body.memory if body else None, "pause")
-    await e2b_state(request).lifecycle.pause(sandbox_id)
+    # memory false (mode="filesystem"): the disk only; the resume boots from it
+    await e2b_state(request).lifecycle.pause(sandbox_id,
+                                             memory=not (body and body.memory is False))
     return Response(status_code=204)
 
 
@@ -332,9 +325,8 @@ async def create_snapshot(sandbox_id: str, request: Request, body: SnapshotBody 
                           ) -> JSONResponse:
     c, st = core(request), e2b_state(request)
     body = body or SnapshotBody()
-    _require_memory(body.memory, "snapshots")
     snap = await c.sandboxes.snapshot(sandbox_id, convert.snapshot_name(body.name)
-                                      if body.name else None)
+                                      if body.name else None, memory=body.memory is not False)
     # The snapshot holds the state of this moment once captured; storing it goes on after.
     await st.lifecycle.wait_captured(snap.snapshot_id)
     return JSONResponse(convert.snapshot_info(snap.snapshot_id, snap.name), 201)

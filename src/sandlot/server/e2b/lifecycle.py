@@ -55,15 +55,16 @@ class Lifecycle:
                                     current=rec.state.value, allowed=("ready",))
         return rec
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, memory: bool = True) -> None:
         if sandbox_id not in self.core.sandboxes.live:
             await self.state_of(sandbox_id)  # NotFoundError unless it is paused
             raise ConflictError(f"sandbox {sandbox_id} is already paused")
-        await self.core.sandboxes.pause(sandbox_id)
+        await self.core.sandboxes.pause(sandbox_id, memory=memory)
 
-    async def connect(self, sandbox_id: str, timeout: int | None) -> tuple[SandboxRecord, bool]:
+    async def connect(self, sandbox_id: str, timeout: int | None, reboot: bool = False
+                      ) -> tuple[SandboxRecord, bool]:
         """E2B connect: a running sandbox (its timeout only ever extended), or a paused one
-        resumed. Returns (record, resumed)."""
+        resumed (`reboot`: booted from its disk). Returns (record, resumed)."""
         live = self.core.sandboxes.live.get(sandbox_id)
         if live is not None:
             rec = live.record
@@ -72,7 +73,7 @@ class Lifecycle:
                 rec = await self.core.sandboxes.set_timeout(sandbox_id, timeout)
             return rec, False
         rec, _ = await self.state_of(sandbox_id)
-        return await self.core.sandboxes.resume(sandbox_id, timeout), True
+        return await self.core.sandboxes.resume(sandbox_id, timeout, reboot=reboot), True
 
     async def kill(self, sandbox_id: str) -> None:
         await self.state_of(sandbox_id)
