@@ -89,6 +89,19 @@ async def test_commands_and_files():
         await sbx.commands.run("true")
 
 
+async def test_filesystem_only_pause_boots_on_connect():
+    sbx = await AsyncSandbox.create(timeout=600)
+    try:
+        await sbx.files.write("/root/state.txt", "on disk")
+        bg = await sbx.commands.run("sleep 600", background=True)
+        assert await sbx.pause(mode="filesystem")
+        resumed = await AsyncSandbox.connect(sbx.sandbox_id, timeout=600)
+        assert await resumed.files.read("/root/state.txt") == "on disk"
+        assert bg.pid not in {p.pid for p in await resumed.commands.list()}
+    finally:
+        await sbx.kill()
+
+
 async def test_pause_snapshot_fork():
     sbx = await AsyncSandbox.create(timeout=600)
     made = [sbx]

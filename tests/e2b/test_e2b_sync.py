@@ -393,6 +393,52 @@ def test_paused_at_its_timeout_and_resumed_by_the_next_call():
         box.kill()
 
 
+def test_filesystem_only_pause_snapshot_and_reboot():
+    """E2B's filesystem-only modes: `pause(mode="filesystem")` keeps the files and the resume
+    cold-boots; `create_snapshot(mode="filesystem")` makes sandboxes that boot from it;
+    `connect(on_resume="reboot")` boots a memory pause from its disk; a timeout pause with
+    `mode: "filesystem"` likewise."""
+    box = Sandbox.create("base", timeout=600)
+    made = [box]
+    try:
+        box.files.write("/root/disk.txt", "on disk")
+        box.files.write("/tmp/mem.txt", "in memory")
+        bg = box.commands.run("sleep 600", background=True)
+        assert box.pause(mode="filesystem") is True
+        assert box.get_info().state == SandboxState.PAUSED
+        again = Sandbox.connect(box.sandbox_id, timeout=600)
+        assert again.files.read("/root/disk.txt") == "on disk"
+        assert not again.files.exists("/tmp/mem.txt")
+        assert bg.pid not in {p.pid for p in again.commands.list()}
+
+        snap = again.create_snapshot(mode="filesystem")
+        again.files.write("/root/disk.txt", "after the snapshot")
+        booted = Sandbox.create(snap.snapshot_id, timeout=600)
+        made.append(booted)
+        assert booted.files.read("/root/disk.txt") == "on disk"
+
+        bg = again.commands.run("sleep 600", background=True)
+        assert again.pause() is True  # with memory
+        rebooted = Sandbox.connect(box.sandbox_id, timeout=600, on_resume="reboot")
+        assert rebooted.files.read("/root/disk.txt") == "after the snapshot"
+        assert bg.pid not in {p.pid for p in rebooted.commands.list()}
+        Sandbox.delete_snapshot(snap.snapshot_id)
+    finally:
+        for s in made:
+            s.kill()
+
+    timed = Sandbox.create("base", timeout=10, lifecycle={
+        "on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        timed.files.write("/root/kept.txt", "kept")
+        timed.commands.run("sync")
+        eventually(lambda: timed.get_info().state == SandboxState.PAUSED, timeout=90)
+        back = Sandbox.connect(timed.sandbox_id, timeout=600)
+        assert back.files.read("/root/kept.txt") == "kept"
+    finally:
+        timed.kill()
+
+
 def test_pty_shell_input_resize_and_kill(sbx):
     """sandbox.pty as E2B's terminal users drive it: a login shell on a PTY of a size, input,
     a resize its programs see, the exit status; kill."""
@@ -432,9 +478,6 @@ def test_unsupported_calls_say_what_instead(sbx):
     with pytest.raises(SandboxException) as ei:
         Sandbox.create("no-such-template")
     assert ei.value.status_code == 404 and "base" in str(ei.value)
-    with pytest.raises(SandboxException) as ei:
-        sbx.create_snapshot(mode="filesystem")
-    assert ei.value.status_code == 400
     with pytest.raises(NotFoundException):
         sbx.commands.connect(999999)
     raw = httpx.get(f"{sbx.connection_config.api_url}/volumes",

@@ -264,7 +264,9 @@ class SnapshotManager:
         """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds),
         or its disk alone (`rec.memory` false). Call with `live.lock` held."""
         try:
-            captured = await self.runtime.capture(live.vm, rec.snapshot_id, memory=rec.memory)
+            # A pause's disk holds what the guest wrote, for a resume that reboots from it.
+            captured = await self.runtime.capture(live.vm, rec.snapshot_id, memory=rec.memory,
+                                                  sync=rec.kind == SnapshotKind.PAUSE)
             rec.machine = captured.image.machine.to_dict()
             rec.pause_ms = round(captured.pause_ms, 2)
             rec.capture_ms = round(captured.total_ms, 2)

@@ -197,11 +197,12 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
-                      memory: bool = True) -> Captured:
+                      memory: bool = True, sync: bool = False) -> Captured:
         """Snapshot a running VM into image `key`; the VM keeps running, paused for as long
         as copying what it changed since its restore takes. Without `memory`, the disk alone
-        (the guest's filesystems synced first; no pause): an image that restores by booting.
-        Its files are held until `release(key)`."""
+        (no pause): an image that restores by booting. `sync` (always without `memory`):
+        the guest's filesystems are synced first, so its disk holds what it wrote. Its files
+        are held until `release(key)`."""
 
     @abc.abstractmethod
     async def persist(self, captured: Captured, meta: dict) -> Stored:

@@ -499,7 +499,7 @@ class FakeRuntime(Runtime):
         return self.templates[name]
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
-                      memory: bool = True) -> Captured:
+                      memory: bool = True, sync: bool = False) -> Captured:
         assert isinstance(vm, FakeVm)
         guest = await vm.guest()
         machine = self.describe(vm.memory_mb, vm.cpus)

@@ -77,6 +77,8 @@ PARALLEL_RESTORES = 8
 MAX_ADVERTISED_KEYS = 256  # cached image keys a heartbeat names (placement prefers them)
 POOL_WARM_UP = "true"  # a pooled VM's first command, so a user's first one finds it warm
 BOOT_TIMEOUT = 180.0
+SYNC_TIMEOUT = 120.0  # a filesystem-only capture: the guest's `sync`
+SYNC_BEST_EFFORT = 10.0  # before a pause with memory
 
 
 @dataclass
@@ -442,7 +444,7 @@ class QemuRuntime(Runtime):
     # ---- capture and storage --------------------------------------------------------------
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
-                      memory: bool = True) -> Captured:
+                      memory: bool = True, sync: bool = False) -> Captured:
         assert isinstance(vm, QemuVm)
         if memory:
             self.reserve.check_capture(vm.memory_mb)
@@ -452,11 +454,13 @@ class QemuRuntime(Runtime):
         lease = self.cache.create(key, persistent, memory=memory)
         self._vm_paths()
         try:
-            if not memory:  # what the guest wrote reaches the disk before it is taken
-                synced = await (await vm.guest()).run("sync", timeout=120)
-                if synced.exit_code:
-                    raise GuestError(f"sandbox {vm.id}: `sync` failed before a filesystem "
-                                     f"snapshot (exit {synced.exit_code})")
+            if not memory:  # the disk is all it keeps: what the guest wrote must be on it
+                await _sync_guest(vm, SYNC_TIMEOUT)
+            elif sync:  # best effort: the memory holds it anyway
+                try:
+                    await _sync_guest(vm, SYNC_BEST_EFFORT)
+                except (SandlotError, TimeoutError) as e:
+                    log.warning("%s: guest not synced before its capture: %s", vm.id, e)
             async with vm.lock:
                 await self._compact(vm)
                 if vm.disks.frozen is not None:
@@ -681,6 +685,16 @@ class QemuRuntime(Runtime):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+async def _sync_guest(vm: QemuVm, timeout: float) -> None:
+    """Flush the guest's filesystems to its disk (`sync` in the guest, within `timeout` s)."""
+    agent = await vm.guest()
+    synced = await asyncio.wait_for(agent.run("sync", timeout=timeout, track=False),
+                                    timeout + 5)
+    if synced.exit_code:
+        raise GuestError(f"sandbox {vm.id}: `sync` failed in the guest (exit "
+                         f"{synced.exit_code})")
 
 
 async def warm_up(agent: AgentClient) -> None:
