@@ -11,6 +11,7 @@ import {
   NotFoundError,
   Sandbox,
   Sandlot,
+  Snapshot,
 } from "sandlot";
 import { Cleanup, noServer } from "./helpers.js";
 
@@ -114,6 +115,20 @@ describe("sandboxes", { skip: noServer }, () => {
     assert.ok((await sbx.commands.list()).some((p) => p.pid === sleeper.pid), "the process survived");
     await sleeper.kill();
     await assert.rejects(sbx.resume(), InvalidStateError);
+  });
+
+  it("a filesystem-only pause keeps the files; the resume boots from the disk", async () => {
+    await sbx.files.write("/root/disk.txt", "on disk");
+    const sleeper = await sbx.commands.start("sleep 3000");
+    await sbx.pause({ memory: false });
+    assert.equal(sbx.info.state, "paused");
+    await sbx.resume();
+    assert.equal(await sbx.files.read("/root/disk.txt"), "on disk");
+    assert.ok(!(await sbx.commands.list()).some((p) => p.pid === sleeper.pid), "booted afresh");
+    const snap = await sbx.createSnapshot({ memory: false });
+    assert.equal(snap.info.memory, false);
+    assert.equal((await snap.wait()).info.state, "ready");
+    assert.equal(await Snapshot.delete(snap.snapshotId), true);
   });
 
   it("kill: true once, then false; gone afterwards", async () => {

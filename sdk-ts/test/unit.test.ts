@@ -205,6 +205,7 @@ describe("requests", () => {
       internet: true,
       network: { allow_out: ["10.0.0.0/8"], deny_out: [] },
       on_timeout: "kill",
+      pause_memory: true,
       auto_resume: false,
     });
     assert.equal(sbx.sandboxId, "sb-1");
