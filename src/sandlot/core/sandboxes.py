@@ -327,7 +327,16 @@ class SandboxManager:
 
     async def _pause_at_timeout(self, live: LiveSandbox) -> None:
         try:
-            await self.pause(live.sandbox_id)
+            try:
+                await self.pause(live.sandbox_id)
+            except SandlotError as e:
+                if live.record.pause_memory or self.live.get(live.sandbox_id) is not live:
+                    raise
+                # A filesystem-only pause needs the guest's `sync`: keep memory instead of
+                # losing everything to a kill.
+                log.warning("sandbox %s: a filesystem-only pause failed (%s); pausing it with "
+                            "memory", live.sandbox_id, e.message)
+                await self.pause(live.sandbox_id, memory=True)
         except SandlotError as e:
             log.warning("sandbox %s: pausing at its timeout failed, killing it: %s",
                         live.sandbox_id, e.message)
