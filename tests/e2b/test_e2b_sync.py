@@ -384,6 +384,7 @@ def test_paused_at_its_timeout_and_resumed_by_the_next_call():
                          lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         box.files.write("/tmp/kept.txt", "kept")
+        assert box.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
         eventually(lambda: box.get_info().state == SandboxState.PAUSED, timeout=90)
         paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
         assert box.sandbox_id in {i.sandbox_id for i in paused}

@@ -62,6 +62,7 @@ def test_a_second_server_restores_forks_and_creates_from_the_store(first, s3, pr
     answer = start_holder(src)
     src.files.write("/root/state.txt", "from host a")
     snap = src.create_snapshot(name="shared").wait()
+    disk_only = src.create_snapshot(memory=False).wait()
     src.kill()
 
     images = tmp_path_factory.mktemp("b-images")  # nothing built or cached here
@@ -80,11 +81,16 @@ def test_a_second_server_restores_forks_and_creates_from_the_store(first, s3, pr
         fresh = Sandbox.create("base", timeout=600, **b)
         assert fresh.commands.run("echo ok").stdout == "ok\n"
         assert (images / "builds").is_dir()  # the build came from the store
-        for box in (*kids, restored, fresh):
+        # A filesystem-only snapshot boots there from the store's disk and build.
+        booted = Sandbox.create(snapshot_id=disk_only.snapshot_id, memory_mb=768, timeout=600,
+                                **b)
+        assert booted.files.read("/root/state.txt") == "from host a"
+        for box in (*kids, restored, fresh, booted):
             box.kill()
     finally:
         cleanup(second)
     Snapshot.delete(snap.snapshot_id, **a)
+    Snapshot.delete(disk_only.snapshot_id, **a)
 
 
 def test_a_snapshot_after_a_small_change_stores_little(first):

@@ -165,6 +165,7 @@ def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
         "envdAccessToken": token,
         "allowInternetAccess": rec.internet,
         "domain": None,
+        "lifecycle": {"onTimeout": rec.on_timeout, "autoResume": rec.auto_resume},
     }
     if rec.network is not None:
         out["network"] = {"allowOut": rec.network.allow_out, "denyOut": rec.network.deny_out}
