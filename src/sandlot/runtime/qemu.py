@@ -276,17 +276,7 @@ class QemuRuntime(Runtime):
         except BaseException:
             if connecting is not None and not connecting.done():
                 connecting.cancel()
-            if machine is not None:
-                await machine.kill()
-            if net is not None:
-                with contextlib.suppress(Exception):
-                    await self.network.detach(vm_id)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if disks is not None:
-                disks.remove()
-            await asyncio.to_thread(self.jails.release, jail)
-            if lease is not None:
-                lease.release()
+            await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
             raise
         return vm
 
@@ -347,20 +337,25 @@ class QemuRuntime(Runtime):
                         lease=lease, network=net, booted=True)
             vm.save()
         except BaseException:
-            if machine is not None:
-                await machine.kill()
-            if net is not None:
-                with contextlib.suppress(Exception):
-                    await self.network.detach(vm_id)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if disks is not None:
-                disks.remove()
-            await asyncio.to_thread(self.jails.release, jail)
-            if lease is not None:
-                lease.release()
+            await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
             raise
         log.info("booted %s from image %s's disk", vm_id, image.key)
         return vm
+
+    async def _undo(self, vm_id: str, run_dir: Path, machine: Machine | None, net,
+                    disks: DiskChain | None, jail: Jail | None, lease: Lease | None) -> None:
+        """Remove what a VM that failed to come up had so far (None: not made yet)."""
+        if machine is not None:
+            await machine.kill()
+        if net is not None:
+            with contextlib.suppress(Exception):
+                await self.network.detach(vm_id)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if disks is not None:
+            disks.remove()
+        await asyncio.to_thread(self.jails.release, jail)
+        if lease is not None:
+            lease.release()
 
     async def cold_boot(self, build: str, plan: MachinePlan, vm_id: str) -> QemuVm:
         """Boot a template build from scratch (slow under TCG: the baseline restores beat),
