@@ -85,6 +85,10 @@ class Limits:
     list_depth: int = 32  # files.list depth
     list_entries: int = 5000  # entries one files.list answers
     egress_rules: int = 256  # allow_out plus deny_out entries
+    # Per API key, over its sandboxes on one host (0: no limit of its own).
+    key_sandboxes: int = 0  # sandboxes running or starting
+    key_ports: int = 256  # ports exposed
+    key_streams: int = 512  # streams open
 
     @classmethod
     def from_env(cls) -> Limits:

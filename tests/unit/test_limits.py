@@ -276,3 +276,45 @@ async def test_a_silent_command_stream_gets_keepalive_lines(api) -> None:
     for line in r.text.splitlines():
         parsed.feed(line)
     assert parsed.exit_code == 0 and "".join(parsed._stdout) == "done\n"
+
+
+@pytest.mark.parametrize("api", [{"limits": Limits(key_sandboxes=2, key_ports=3, key_streams=2)}],
+                         indirect=True)
+async def test_each_api_key_has_limits_of_its_own(api) -> None:
+    """Sandboxes (forks included), exposed ports and open streams per API key: one key at
+    its limits leaves another key's room untouched."""
+    other_key = "sl_test_other"
+    await api.srv.core.db.add_key(other_key)
+    other = {"authorization": f"Bearer {other_key}"}
+    a1, a2 = await sandbox(api), await sandbox(api)
+    refused(await api.post("/v1/sandboxes", json={"template": "base"}), 503, "CapacityError",
+            "SANDLOT_MAX_KEY_SANDBOXES")
+    refused(await api.post(f"/v1/sandboxes/{a1}/fork", json={"count": 1}), 503,
+            "CapacityError", "this API key runs 2 sandboxes")
+    r = await api.post("/v1/sandboxes", json={"template": "base"}, headers=other)
+    assert r.status_code == 201, r.text
+    b1 = r.json()["sandbox_id"]
+
+    for sid, port in ((a1, 8000), (a1, 8001), (a2, 8000)):
+        assert (await api.post(f"/v1/sandboxes/{sid}/ports", json={"port": port})
+                ).status_code == 200
+    refused(await api.post(f"/v1/sandboxes/{a2}/ports", json={"port": 8001}),
+            says="SANDLOT_MAX_KEY_PORTS")
+    assert (await api.post(f"/v1/sandboxes/{b1}/ports", json={"port": 8001}, headers=other)
+            ).status_code == 200
+
+    running = [asyncio.create_task(api.post(f"/v1/sandboxes/{sid}/commands",
+                                            json={"cmd": "sleep 1"})) for sid in (a1, a2)]
+    await asyncio.sleep(0.3)
+    refused(await api.post(f"/v1/sandboxes/{a1}/commands", json={"cmd": "true"}), 409,
+            "InvalidStateError", "SANDLOT_MAX_KEY_STREAMS")
+    r = await api.post(f"/v1/sandboxes/{b1}/commands", json={"cmd": "echo b"}, headers=other)
+    assert r.status_code == 200 and "b" in r.text
+    assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
+    assert (await api.post(f"/v1/sandboxes/{a1}/commands", json={"cmd": "true"})
+            ).status_code == 200
+    assert api.srv.core.sandboxes.key_streams.open == {}
+
+    # A sandbox that goes makes room for its key again.
+    assert (await api.delete(f"/v1/sandboxes/{a2}")).status_code == 204
+    assert (await api.post(f"/v1/sandboxes/{a1}/fork", json={"count": 1})).status_code == 200

@@ -3,6 +3,7 @@ deployment's database when SANDLOT_DATABASE_URL names one)."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from pathlib import Path
 
@@ -22,3 +23,8 @@ def create_key(data_dir: Path | str | None = None, e2b_format: bool = False) -> 
 
     run_sync(with_store(settings.database_url, settings.db_path, add))
     return key
+
+
+def owner_of(key: str) -> str:
+    """Who a request's API key is, as records keep it (a digest: never the key itself)."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]

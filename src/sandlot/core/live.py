@@ -17,6 +17,14 @@ def _settled() -> asyncio.Event:
     return event
 
 
+@dataclass
+class KeyStreams:
+    """Streams open per API key (a sandbox's `owner`) over one host's sandboxes."""
+
+    limit: int  # 0: none
+    open: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(eq=False)
 class LiveSandbox:
     record: SandboxRecord
@@ -27,6 +35,7 @@ class LiveSandbox:
     ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # guest port -> host's
     ports_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     streams: int = 0  # command outputs and file reads being streamed from it now
+    key_streams: KeyStreams | None = None  # its owner's, across the host (set by core)
 
     @property
     def sandbox_id(self) -> str:
@@ -54,10 +63,22 @@ class LiveSandbox:
             raise InvalidStateError(
                 f"sandbox {self.sandbox_id} has {self.streams} streams open (commands followed, "
                 "files being read), the limit (SANDLOT_MAX_STREAMS); finish or close some")
+        owner, keys = self.record.owner, self.key_streams
+        if owner and keys is not None:
+            if keys.limit and keys.open.get(owner, 0) >= keys.limit:
+                raise InvalidStateError(
+                    f"this API key has {keys.open[owner]} streams open across its sandboxes, "
+                    "the limit (SANDLOT_MAX_KEY_STREAMS); finish or close some")
+            keys.open[owner] = keys.open.get(owner, 0) + 1
         self.streams += 1
 
     def close_stream(self) -> None:
         self.streams -= 1
+        owner, keys = self.record.owner, self.key_streams
+        if owner and keys is not None and keys.open.get(owner):
+            keys.open[owner] -= 1
+            if not keys.open[owner]:
+                del keys.open[owner]
 
     def mark_unresponsive(self, reason: str) -> None:
         """The guest did not answer in time (e.g. too busy to end a command at its timeout):

@@ -107,6 +107,7 @@ class SandboxRecord(BaseModel):
     workdir: str | None = Field(None, exclude=True)
     user: str | None = Field(None, exclude=True)  # commands' default user (an image's USER)
     paused_snapshot: str | None = Field(None, exclude=True)
+    owner: str | None = Field(None, exclude=True)  # the API key that made it (keys.owner_of)
 
     @property
     def key(self) -> str:

@@ -9,14 +9,14 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 from sandlot.config import Settings
 from sandlot.core.db import MetadataStore
 from sandlot.core.limits import check_egress, check_env, check_metadata
-from sandlot.core.live import LiveSandbox
+from sandlot.core.live import KeyStreams, LiveSandbox
 from sandlot.core.models import (
     CreateSandbox,
     NetworkSpec,
@@ -87,6 +87,9 @@ class SandboxManager:
         # Exposed ports of paused auto-resume sandboxes, still listening (guest -> host).
         self._parked_ports: dict[str, dict[int, tuple[str, int]]] = {}
         self._tasks: set[asyncio.Task] = set()
+        # Per API key on this host: streams open, and creates under way (not live yet).
+        self.key_streams = KeyStreams(settings.limits.key_streams)
+        self._starting: dict[str, int] = {}
 
     # ---- records --------------------------------------------------------------------------
 
@@ -159,24 +162,27 @@ class SandboxManager:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source
 
-    async def create(self, req: CreateSandbox, forked_from: str | None = None) -> SandboxRecord:
+    async def create(self, req: CreateSandbox, forked_from: str | None = None,
+                     owner: str | None = None) -> SandboxRecord:
         """A new sandbox from a template or a snapshot (a restore either way, never a boot);
-        `forked_from`: the parent of a fork child started here for another host."""
+        `forked_from`: the parent of a fork child started here for another host; `owner`:
+        the API key asking (core/keys.owner_of), whose limits it counts against."""
         if sum(1 for s in (req.template, req.snapshot_id, req.image) if s) > 1:
             raise InvalidArgumentError("give one of template, snapshot_id or image")
         self.check_request(req)
         self.check_room()
-        source = await self.resolve_source(req)
-        async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
-            rec = self._new_record(source, req)
-            rec.forked_from = forked_from
-            vm = await self.runtime.claim(source.image, plan_of(rec))
-            if vm is not None:  # a pooled VM, already given the record's identity
-                rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
-                rec.pid = vm.pid
-                await self._register(LiveSandbox(rec, vm))
-                return rec
-            await self._start(rec, source)
+        with self._admitted(owner):
+            source = await self.resolve_source(req)
+            async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
+                rec = self._new_record(source, req)
+                rec.forked_from, rec.owner = forked_from, owner
+                vm = await self.runtime.claim(source.image, plan_of(rec))
+                if vm is not None:  # a pooled VM, already given the record's identity
+                    rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
+                    rec.pid = vm.pid
+                    await self._register(LiveSandbox(rec, vm))
+                    return rec
+                await self._start(rec, source)
         return rec
 
     def check_room(self, count: int = 1) -> None:
@@ -185,6 +191,28 @@ class SandboxManager:
         if running + count > slots:
             raise CapacityError(f"host {self.host_id} runs {running} of its {slots} sandboxes "
                                 f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
+
+    @contextlib.contextmanager
+    def _admitted(self, owner: str | None, count: int = 1) -> Iterator[None]:
+        """Room for `count` more sandboxes of API key `owner` on this host
+        (SANDLOT_MAX_KEY_SANDBOXES), held while they start."""
+        limit = self.settings.limits.key_sandboxes
+        if not owner or not limit:
+            yield
+            return
+        have = self._starting.get(owner, 0) + sum(
+            1 for lv in self.live.values() if lv.record.owner == owner)
+        if have + count > limit:
+            raise CapacityError(f"this API key runs {have} sandboxes on host {self.host_id}, "
+                                f"its limit (SANDLOT_MAX_KEY_SANDBOXES={limit}); {count} more "
+                                "do not fit")
+        self._starting[owner] = self._starting.get(owner, 0) + count
+        try:
+            yield
+        finally:
+            self._starting[owner] -= count
+            if not self._starting[owner]:
+                del self._starting[owner]
 
     def free_slots(self) -> int:
         return max(0, self.settings.max_sandboxes - len(self.live))
@@ -240,6 +268,7 @@ class SandboxManager:
         return live
 
     async def _register(self, live: LiveSandbox) -> None:
+        live.key_streams = self.key_streams
         transition(live.record, SandboxState.RUNNING)
         live.record.error = None
         self.live[live.sandbox_id] = live
@@ -360,6 +389,14 @@ class SandboxManager:
                     raise InvalidArgumentError(
                         f"sandbox {sandbox_id} already exposes {len(live.ports)} ports, the "
                         "limit (SANDLOT_MAX_PORTS)")
+                owner, key_limit = live.record.owner, self.settings.limits.key_ports
+                if owner and key_limit:
+                    have = sum(len(lv.ports) for lv in self.live.values()
+                               if lv.record.owner == owner)
+                    if have >= key_limit:
+                        raise InvalidArgumentError(
+                            f"this API key already exposes {have} ports across its sandboxes "
+                            f"on this host, the limit (SANDLOT_MAX_KEY_PORTS)")
                 exposed = live.ports[port] = await self.runtime.expose(live.vm, port)
         return exposed
 
@@ -398,6 +435,11 @@ class SandboxManager:
         live = self.get_live(sandbox_id)
         self.check_room(count)
         parent = live.record
+        with self._admitted(parent.owner, count):
+            return await self._fork(live, count)
+
+    async def _fork(self, live: LiveSandbox, count: int) -> Forked:
+        parent = live.record
         key = "fork-" + secrets.token_hex(5)
         async with live.lock:
             captured = await self.runtime.capture(live.vm, key, persistent=False)
@@ -414,7 +456,7 @@ class SandboxManager:
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)
-                rec.forked_from = parent.sandbox_id
+                rec.forked_from, rec.owner = parent.sandbox_id, parent.owner
                 await self._start(rec, source)
                 return rec
 

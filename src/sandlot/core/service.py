@@ -174,7 +174,8 @@ class Core:
             vm = adopted.get(rec.sandbox_id)
             if vm is not None:
                 rec.pid = vm.pid
-                self.sandboxes.live[rec.sandbox_id] = LiveSandbox(rec, vm)
+                self.sandboxes.live[rec.sandbox_id] = LiveSandbox(
+                    rec, vm, key_streams=self.sandboxes.key_streams)
             else:
                 rec.pid = None
                 rec.error = rec.error or "lost when the server restarted"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from sandlot.core.keys import owner_of
 from sandlot.errors import AuthenticationError
 
 
@@ -21,3 +22,9 @@ async def require_key(request: Request) -> None:
         raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
     if not await request.app.state.core.key_valid(key):
         raise AuthenticationError("invalid API key")
+    request.state.owner = owner_of(key)
+
+
+def owner(request: Request) -> str | None:
+    """The API key a request came with, as records keep it (`keys.owner_of`)."""
+    return getattr(request.state, "owner", None)

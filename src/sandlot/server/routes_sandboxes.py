@@ -17,6 +17,7 @@ from sandlot.core.models import (
 )
 from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
+from sandlot.server.auth import owner
 from sandlot.server.deps import core
 from sandlot.server.metrics import timed
 from sandlot.server.placement import (
@@ -76,7 +77,7 @@ async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord
     """A new sandbox from a template or a snapshot, on the host placement picks."""
     with timed(request, "restore" if body.snapshot_id else "create"):
         return await elsewhere(request, body) or await core(request).sandboxes.create(
-            body, forked_from=forked_from(request))
+            body, forked_from=forked_from(request), owner=owner(request))
 
 
 @router.get("", response_model=SandboxList)

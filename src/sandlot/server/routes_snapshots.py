@@ -12,6 +12,7 @@ from sandlot.core.models import (
     SnapshotRecord,
     TemplateInfo,
 )
+from sandlot.server.auth import owner
 from sandlot.server.deps import core
 from sandlot.server.metrics import timed
 from sandlot.server.placement import elsewhere
@@ -73,7 +74,8 @@ async def restore_snapshot(id_or_name: str, request: Request,
     req = CreateSandbox(snapshot_id=id_or_name,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
     with timed(request, "restore"):
-        return await elsewhere(request, req) or await core(request).sandboxes.create(req)
+        return await elsewhere(request, req) or await core(request).sandboxes.create(
+            req, owner=owner(request))
 
 
 @router.get("/v1/templates", response_model=TemplateList)

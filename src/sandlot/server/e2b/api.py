@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandlot.core.keys import owner_of
 from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
 from sandlot.errors import (
     AuthenticationError,
@@ -23,7 +24,7 @@ from sandlot.errors import (
     NotFoundError,
     SandlotError,
 )
-from sandlot.server.auth import bearer_key
+from sandlot.server.auth import bearer_key, owner
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
@@ -54,6 +55,7 @@ async def require_e2b_key(request: Request) -> None:
     if not key or not await core(request).key_valid(key):
         raise AuthenticationError("missing or invalid API key: set E2B_API_KEY to a sandlot API "
                                   "key (`sandlot keys create`)")
+    request.state.owner = owner_of(key)
 
 
 router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
@@ -160,7 +162,7 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
     placed = await elsewhere(request, req)
     if placed is not None:
         return placed
-    rec = await c.sandboxes.create(req)
+    rec = await c.sandboxes.create(req, owner=owner(request))
     return _answer(st, rec, 201)
 
 
