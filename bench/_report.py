@@ -33,6 +33,8 @@ FROM_SERIES = {
     "incremental_ready_ms_p50": "incremental_ready_ms",
     "incremental_stored_mib_p50": "incremental_stored_mib",
     "restore_empty_cache_ms_p50": "restore_empty_cache_ms",
+    "fs_snapshot_ready_ms_p50": "fs_snapshot_ready_ms",
+    "fs_snapshot_stored_mib_p50": "fs_snapshot_stored_mib", "fs_boot_ms_p50": "fs_boot_ms",
 }
 TARGETS = {  # key -> (comparison, limit); from the issues
     "create_ms_p50": ("<=", 150), "snapshot_pause_ms_p50": ("<=", 30),
@@ -186,6 +188,10 @@ ROWS = [
     Row("  pause (server-side)", "incremental_pause_ms", "ms"),
     Row("{incr} snapshots of one sandbox, stored / the first's", None, "x",
         value_key="incremental_total_ratio", target="incremental_total_ratio"),
+    Row("filesystem-only snapshot (10 MiB written to disk) call -> ready", "fs_snapshot_ready_ms",
+        "ms", vs="peer", peer_key="checkpoint_ms_p50"),
+    Row("  stored", "fs_snapshot_stored_mib", "MiB"),
+    Row("  a sandbox booted from it -> first command done", "fs_boot_ms", "ms", vs="cold"),
     Row("fork(1) -> child's first command done", "fork1_ms", "ms", target="fork1_ms_p50",
         vs="cold"),
     Row("fork({small}) wall -> all first commands done", "fork8_wall_ms", "ms",

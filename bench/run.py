@@ -30,11 +30,13 @@ from _plan import make_plan  # noqa: E402
 from _report import REQUIRED, build_json, markdown, render  # noqa: E402
 from _server import IMAGES_DIR, BenchServer, qemu_pids  # noqa: E402
 from _steps import STEPS, Ctx, Results  # noqa: E402
+from _steps_fs import step_filesystem  # noqa: E402
 from _steps_store import step_incremental, step_store_restore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 _FORK = [name for name, _ in STEPS].index("fork")
-ALL_STEPS = [*STEPS[:_FORK], ("incremental snapshots", step_incremental), *STEPS[_FORK:],
+ALL_STEPS = [*STEPS[:_FORK], ("incremental snapshots", step_incremental),
+             ("filesystem-only snapshots", step_filesystem), *STEPS[_FORK:],
              ("restore from S3, empty cache", step_store_restore)]
 
 
