@@ -224,16 +224,22 @@ class LinkState(StrEnum):
 
 @dataclass
 class Configure:
-    """What a `configure` sets. The clock and fresh entropy are read when it is sent."""
+    """What a `configure` sets. The clock and fresh entropy are read when it is sent.
+
+    `clock` False leaves the clock alone: a restore sends its configure before the VM runs,
+    so the time in it would be stale by the time the guest reads it; `sync_clock` sets it
+    right after anyway."""
 
     env: dict[str, str] | None = None
     generation: str | None = None
     cpus: int | None = None
     reseed: bool = True
     freeze: bool = False
+    clock: bool = True
 
     def fields(self) -> dict:
-        out: dict[str, Any] = {"time_ns": time.time_ns(), "env": self.env,
+        out: dict[str, Any] = {"time_ns": time.time_ns() if self.clock else None,
+                               "env": self.env,
                                "generation": self.generation, "cpus": self.cpus or None,
                                "freeze": self.freeze or None}
         if self.reseed:
@@ -516,17 +522,22 @@ class AgentClient:
         """Bring the guest's wall clock to the host's, NTP-style: the offset is measured around
         a ping (the guest's reading sits between the host's send and receive) and stepped
         away. A `configure` sets the clock when the guest reads it, which after a restore may
-        be long after the host sent it. Returns the last measured offset in ms."""
+        be long after the host sent it. A step's answer carries the guest's clock after it, so
+        it is measured the same way (no ping after it). Returns the last measured offset in ms."""
         offset_ms = 0.0
+        sent = time.time_ns()
+        guest = await self.ping()
+        received = time.time_ns()
         for _ in range(rounds):
-            sent = time.time_ns()
-            guest = await self.ping()
-            received = time.time_ns()
             offset = (sent + received) // 2 - guest
             offset_ms = offset / 1e6
             if abs(offset_ms) <= max(tolerance_ms, (received - sent) / 2e6):
                 return offset_ms
-            await self._request("step_clock", delta_ns=offset)
+            sent = time.time_ns()
+            stepped = _get(await self._request("step_clock", delta_ns=offset), "time_ns", int,
+                           None)
+            guest = stepped if stepped is not None else await self.ping()
+            received = time.time_ns()
         return offset_ms
 
     # ---- processes ------------------------------------------------------------------------

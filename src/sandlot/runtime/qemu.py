@@ -248,7 +248,8 @@ class QemuRuntime(Runtime):
                         spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
                 extra_mb = plan.memory_mb - image.machine.memory_mb
                 configure = Configure(env=plan.env, generation=plan.generation,
-                                      cpus=plan.cpus if plan.cpus != image.machine.cpus else None)
+                                      cpus=plan.cpus if plan.cpus != image.machine.cpus else None,
+                                      clock=False)  # sync_clock sets it once the VM runs
                 for attempt in (1, 2):
                     machine = await vmm_snapshot.restore(spec, hot["devstate"])
                     await hotplug.apply(machine, extra_mb)
