@@ -1,5 +1,5 @@
-"""Two builds of sandlot (host code and template) side by side, interleaved so that both see
-the same machine load: one server per side (its own source tree on PYTHONPATH, its own
+"""Two (or more) builds of sandlot (host code and template) side by side, interleaved so that
+all see the same machine load: one server per side (its own source tree on PYTHONPATH, its own
 images dir whose `base` template is that side's build, no warm pool), used in turn each round.
 Made for issue #11 ("cheaper children", docs/benchmarks.md).
 
@@ -91,7 +91,7 @@ def one_round(kw: dict, add, fork8: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("sides", nargs=2, metavar="NAME=SRC_DIR:TEMPLATE_HASH")
+    p.add_argument("sides", nargs="+", metavar="NAME=SRC_DIR:TEMPLATE_HASH")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--fork8", type=int, default=4, help="rounds that also fork(8)")
     p.add_argument("--images", default="/var/lib/sandlot/images")
@@ -118,7 +118,8 @@ def main() -> None:
         for srv in servers.values():
             Sandbox.create(timeout=600, **srv.client_kwargs()).kill()
         for r in range(args.rounds):
-            for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
+            for name in order if r % 2 == 0 else reversed(order):
                 one_round(servers[name].client_kwargs(),
                           lambda k, v, n=name: results[n].setdefault(k, []).append(v),
                           fork8=r < args.fork8)
