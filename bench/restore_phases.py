@@ -5,11 +5,14 @@ Runs the QEMU runtime in this process (no HTTP server: its own instance, data di
 step of `QemuRuntime.restore` by wrapping the functions it calls, then the first
 `run("true")`. CPU is read per QEMU thread (/proc/<pid>/task/*/schedstat, ns) at each point.
 
-    python bench/restore_phases.py [--runs 8] [--forks 8] [--template base]
+    python bench/restore_phases.py [--runs 8] [--template base] [--build HASH]
+        [--accel tcg,thread=multi,tb-size=N ...]
 
 Per run: a restore of the template; then a capture of that sandbox (a fork's image) and a
 restore of it (a fork child). Prints the p50 of each phase (ms since the restore began) and
-of the QEMU process's CPU (ms) at the points after `cont`.
+of the QEMU process's CPU (ms) and its TCG code cache (PSS of its anonymous rwx mappings) after
+the first command. `--accel` (repeatable) runs the restores with other `-accel` options, in
+turn (an experiment: the device model fingerprint is not changed, so templates still load).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextvars import ContextVar
+from dataclasses import replace
 from pathlib import Path
 
 INSTANCE = f"ph{secrets.token_hex(3)}"
@@ -31,6 +35,7 @@ os.environ["SANDLOT_INSTANCE"] = INSTANCE
 os.environ.setdefault("SANDLOT_POOL_SIZE", "0")
 os.environ.setdefault("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images")
 
+from _procmem import qemu_memory  # noqa: E402
 from sandlot.config import Settings  # noqa: E402
 from sandlot.core.templates import TemplateStore, image_of  # noqa: E402
 from sandlot.guest import client as guest_client  # noqa: E402
@@ -125,6 +130,7 @@ def cpu_ms(pid: int) -> dict[str, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     out["stat total"] = (int(fields[11]) + int(fields[12])) * 1000 / tick
+    out["code cache PSS (MiB)"] = qemu_memory(pid, Path("/nonexistent")).jit_pss_mib
     return dict(out)
 
 
@@ -182,6 +188,9 @@ async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--template", default="base")
+    p.add_argument("--build", help="a build hash to restore instead of the template's")
+    p.add_argument("--accel", action="append", default=[],
+                   help="-accel options to try in turn (default: sandlot's)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sandlot-phases-", dir="/var/tmp"))
     settings = Settings.from_env(root / "data")
@@ -190,19 +199,28 @@ async def main() -> None:
     runtime = rt_qemu.QemuRuntime(settings, Networking.from_env())
     info = TemplateStore(settings).get(args.template)
     image = image_of(info)
+    if args.build:
+        image = replace(image, key=f"tpl-{args.build}", build=args.build)
+    accels = args.accel or [None]
+    default_accel = vmm_machine.accel_args
     print(f"template {args.template} = {info.hash}; load average {os.getloadavg()}")
     results: dict = defaultdict(lambda: defaultdict(list))
     cpus: dict = defaultdict(lambda: defaultdict(list))
     try:
         await one(runtime, image, "warm-up", results, cpus)  # hydrates the hot cache
         for _ in range(args.runs):
-            await one(runtime, image, "restore of the template", results, cpus)
-            parent = await one(runtime, image, "parent", results, cpus, keep=True)
-            key = "fork-" + secrets.token_hex(4)
-            captured = await runtime.capture(parent, key, persistent=False)
-            await one(runtime, captured.image, "fork child", results, cpus)
-            runtime.release(key)
-            await runtime.kill(parent)
+            for accel in accels:
+                tag = f" [-accel {accel}]" if accel else ""
+                vmm_machine.accel_args = (  # type: ignore[assignment]
+                    default_accel if accel is None else
+                    lambda _a, o=accel: ["-accel", o, "-cpu", "max"])
+                await one(runtime, image, "restore of the template" + tag, results, cpus)
+                parent = await one(runtime, image, "parent", results, cpus, keep=True)
+                key = "fork-" + secrets.token_hex(4)
+                captured = await runtime.capture(parent, key, persistent=False)
+                await one(runtime, captured.image, "fork child" + tag, results, cpus)
+                runtime.release(key)
+                await runtime.kill(parent)
         results.pop("warm-up")
         results.pop("parent")
         cpus.pop("warm-up")
