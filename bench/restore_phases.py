@@ -22,6 +22,7 @@ import asyncio
 import functools
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -233,6 +234,8 @@ async def main() -> None:
 
         remove_networks(INSTANCE)
         vmm_jail.Jails(INSTANCE).recover(keep=set())
+        for d in (settings.run_root, settings.shm_root, root):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

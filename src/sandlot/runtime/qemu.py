@@ -253,10 +253,13 @@ class QemuRuntime(Runtime):
                 for attempt in (1, 2):
                     machine = await vmm_snapshot.restore(spec, hot["devstate"])
                     await hotplug.apply(machine, extra_mb)
+                    running = asyncio.Event()
                     connecting = asyncio.create_task(AgentClient.connect(
-                        str(spec.agent_socket), timeout=15, configure=configure))
+                        str(spec.agent_socket), timeout=15, configure=configure,
+                        running=running))
                     await machine.wait_chardev_connected("agent")
                     await machine.cont()
+                    running.set()
                     try:
                         agent = await connecting
                         break
