@@ -224,16 +224,22 @@ class LinkState(StrEnum):
 
 @dataclass
 class Configure:
-    """What a `configure` sets. The clock and fresh entropy are read when it is sent."""
+    """What a `configure` sets. The clock and fresh entropy are read when it is sent.
+
+    `clock` False leaves the clock alone: a restore sends its configure before the VM runs,
+    so the time in it would be stale by the time the guest reads it; `sync_clock` sets it
+    right after anyway."""
 
     env: dict[str, str] | None = None
     generation: str | None = None
     cpus: int | None = None
     reseed: bool = True
     freeze: bool = False
+    clock: bool = True
 
     def fields(self) -> dict:
-        out: dict[str, Any] = {"time_ns": time.time_ns(), "env": self.env,
+        out: dict[str, Any] = {"time_ns": time.time_ns() if self.clock else None,
+                               "env": self.env,
                                "generation": self.generation, "cpus": self.cpus or None,
                                "freeze": self.freeze or None}
         if self.reseed:
@@ -261,11 +267,13 @@ class AgentClient:
 
     @classmethod
     async def connect(cls, path: str, timeout: float = 30.0,
-                      configure: Configure | None = None) -> AgentClient:
+                      configure: Configure | None = None,
+                      running: asyncio.Event | None = None) -> AgentClient:
         """Connect to the agent socket and complete the hello handshake within `timeout`.
 
         `configure` is sent right behind the hello, saving a round trip on the restore path;
-        its answer is in `self.configured`.
+        its answer is in `self.configured`. `running`: set once the VM runs (a restore
+        connects before `cont`); unanswered hellos are re-sent only from then on.
 
         A session that gets no answer is dropped and the socket connected again: the guest
         learns that a host is there from a virtio-serial control message, which QEMU drops
@@ -287,7 +295,7 @@ class AgentClient:
             client._task = asyncio.create_task(client._read_loop())
             try:
                 remaining = max(0.1, min(attempt_timeout, deadline - loop.time()))
-                await client._handshake(remaining, configure)
+                await client._handshake(remaining, configure, running)
                 client.state = LinkState.READY
                 return client
             except (TimeoutError, GuestError) as e:
@@ -299,23 +307,45 @@ class AgentClient:
                 raise
         raise GuestError(f"guest agent did not answer on {path} within {timeout:.0f}s: {last}")
 
-    async def _handshake(self, timeout: float, configure: Configure | None) -> None:
+    async def _handshake(self, timeout: float, configure: Configure | None,
+                         running: asyncio.Event | None = None) -> None:
         nonce = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
-        rid, fut = self._new_id(), loop.create_future()
-        self._waiters[rid] = fut
+        fut = loop.create_future()  # the first answer to any of the hellos
+        hellos: list[int] = []
         cid, cfut = self._new_id(), loop.create_future()
         if configure is not None:
             self._waiters[cid] = cfut
         end = loop.time() + timeout
         interval = 0.25  # grows: a busy guest answers late, an absent one not at all
+
+        async def send_hello() -> None:
+            rid = self._new_id()
+            hellos.append(rid)
+            self._waiters[rid] = fut
+            await self._send(request_header(rid, "hello",
+                                            {"nonce": nonce, "proto": PROTO_VERSION}))
+
+        async def send_configure() -> None:
+            assert configure is not None
+            await self._send(request_header(cid, "configure", configure.fields()))
+
         try:
             # Re-sent periodically: the guest drops input while it thinks no host is there.
+            # Only the hello is: a guest that got the first one got the configure behind it
+            # (a busy guest doing the configure again for each hello re-sent only made it
+            # busier: several times per child in a fork(8) here).
+            await send_hello()
+            if configure is not None:
+                await send_configure()
+            if running is not None and not running.is_set():
+                started = asyncio.ensure_future(running.wait())
+                try:
+                    await asyncio.wait({started, fut}, timeout=max(0.01, end - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    started.cancel()
             while not fut.done():
-                await self._send(request_header(rid, "hello",
-                                                {"nonce": nonce, "proto": PROTO_VERSION}))
-                if configure is not None:
-                    await self._send(request_header(cid, "configure", configure.fields()))
                 try:
                     await asyncio.wait_for(asyncio.shield(fut),
                                            min(interval, max(0.01, end - loop.time())))
@@ -323,12 +353,16 @@ class AgentClient:
                     if loop.time() >= end:
                         raise
                     interval = min(2.0, interval * 2)
+                    await send_hello()
         except BaseException:
             # Nobody will wait for these answers any more (the caller may try a new session).
-            for key, waiter in ((rid, fut), (cid, cfut)):
+            for key in (*hellos, cid):
                 self._waiters.pop(key, None)
-                waiter.cancel()
+            fut.cancel()
+            cfut.cancel()
             raise
+        for key in hellos:
+            self._waiters.pop(key, None)
         header = fut.result()
         if "error" in header:
             raise agent_error(header["error"])
@@ -341,6 +375,10 @@ class AgentClient:
                            caps=tuple(c for c in caps if isinstance(c, str))[:64],
                            generation=str(header.get("generation", "0"))[:64])
         if configure is not None:
+            if header.get("id") != hellos[0]:
+                # A re-sent hello was answered first: the first frames may have been dropped
+                # (a configure done twice is harmless; one never done is not).
+                await send_configure()
             try:
                 reply = await asyncio.wait_for(cfut, max(1.0, end - loop.time()))
             except TimeoutError:
@@ -516,17 +554,22 @@ class AgentClient:
         """Bring the guest's wall clock to the host's, NTP-style: the offset is measured around
         a ping (the guest's reading sits between the host's send and receive) and stepped
         away. A `configure` sets the clock when the guest reads it, which after a restore may
-        be long after the host sent it. Returns the last measured offset in ms."""
+        be long after the host sent it. A step's answer carries the guest's clock after it, so
+        it is measured the same way (no ping after it). Returns the last measured offset in ms."""
         offset_ms = 0.0
+        sent = time.time_ns()
+        guest = await self.ping()
+        received = time.time_ns()
         for _ in range(rounds):
-            sent = time.time_ns()
-            guest = await self.ping()
-            received = time.time_ns()
             offset = (sent + received) // 2 - guest
             offset_ms = offset / 1e6
             if abs(offset_ms) <= max(tolerance_ms, (received - sent) / 2e6):
                 return offset_ms
-            await self._request("step_clock", delta_ns=offset)
+            sent = time.time_ns()
+            stepped = _get(await self._request("step_clock", delta_ns=offset), "time_ns", int,
+                           None)
+            guest = stepped if stepped is not None else await self.ping()
+            received = time.time_ns()
         return offset_ms
 
     # ---- processes ------------------------------------------------------------------------

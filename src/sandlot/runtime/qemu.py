@@ -248,14 +248,18 @@ class QemuRuntime(Runtime):
                         spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
                 extra_mb = plan.memory_mb - image.machine.memory_mb
                 configure = Configure(env=plan.env, generation=plan.generation,
-                                      cpus=plan.cpus if plan.cpus != image.machine.cpus else None)
+                                      cpus=plan.cpus if plan.cpus != image.machine.cpus else None,
+                                      clock=False)  # sync_clock sets it once the VM runs
                 for attempt in (1, 2):
                     machine = await vmm_snapshot.restore(spec, hot["devstate"])
                     await hotplug.apply(machine, extra_mb)
+                    running = asyncio.Event()
                     connecting = asyncio.create_task(AgentClient.connect(
-                        str(spec.agent_socket), timeout=15, configure=configure))
+                        str(spec.agent_socket), timeout=15, configure=configure,
+                        running=running))
                     await machine.wait_chardev_connected("agent")
                     await machine.cont()
+                    running.set()
                     try:
                         agent = await connecting
                         break

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -58,6 +59,13 @@ func main() {
 		}
 		caps = kept
 	}
+	// Why: a guest boots with one CPU online, so GOMAXPROCS would be 1, and then a goroutine
+	// blocked in a system call (a command's wait4, a fork's exec) holds the only P until
+	// sysmon takes it back: output and exits of other requests waited for that. A second P
+	// runs them at once (the guest kernel shares its CPU between the two threads).
+	if runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
 	agent := newAgent(nil)
 	if *describe {
 		ops := make([]string, 0, len(agent.handlers))
@@ -74,7 +82,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "sandlot-agent:", err)
 			os.Exit(1)
 		}
-		ch = &channel{fd: *fd, exitOnEOF: true}
+		ch = newChannel(*fd, true)
 	} else {
 		ch = openPort()
 	}
@@ -109,7 +117,7 @@ func openPort() *channel {
 			dev := "/dev/" + filepath.Base(filepath.Dir(nameFile))
 			fd, err := syscall.Open(dev, syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 			if err == nil {
-				return &channel{fd: fd}
+				return newChannel(fd, false)
 			}
 		}
 		time.Sleep(100 * time.Millisecond)

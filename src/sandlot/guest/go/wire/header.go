@@ -36,6 +36,9 @@ func (h Header) Str(key string) (string, bool) {
 	if !ok || raw[0] != '"' {
 		return "", false
 	}
+	if s, ok := plainString(raw); ok {
+		return s, true
+	}
 	var s string
 	if json.Unmarshal(raw, &s) != nil {
 		return "", false

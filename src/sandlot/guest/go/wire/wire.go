@@ -42,21 +42,23 @@ type Frame struct {
 
 // Encode serializes one frame; header values are marshalled as JSON (no HTML escaping).
 func Encode(header any, payload []byte) ([]byte, error) {
-	var head bytes.Buffer
-	enc := json.NewEncoder(&head)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(header); err != nil {
-		return nil, err
+	out, ok := appendJSON(make([]byte, PrefixSize, PrefixSize+256+len(payload)), header, 0)
+	if !ok { // a type the fast path does not take: encoding/json
+		var head bytes.Buffer
+		enc := json.NewEncoder(&head)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(header); err != nil {
+			return nil, err
+		}
+		out = append(out[:PrefixSize], bytes.TrimSuffix(head.Bytes(), []byte("\n"))...)
 	}
-	h := bytes.TrimSuffix(head.Bytes(), []byte("\n"))
-	if len(h) > MaxHeader || len(payload) > MaxPayload {
+	hlen := len(out) - PrefixSize
+	if hlen > MaxHeader || len(payload) > MaxPayload {
 		return nil, ErrTooLarge
 	}
-	out := make([]byte, 0, PrefixSize+len(h)+len(payload))
-	out = append(out, Magic...)
-	out = binary.BigEndian.AppendUint32(out, uint32(len(h)))
-	out = binary.BigEndian.AppendUint32(out, uint32(len(payload)))
-	out = append(out, h...)
+	copy(out, Magic)
+	binary.BigEndian.PutUint32(out[4:8], uint32(hlen))
+	binary.BigEndian.PutUint32(out[8:12], uint32(len(payload)))
 	return append(out, payload...), nil
 }
 
@@ -102,11 +104,13 @@ func (d *Decoder) Feed(data []byte) []Frame {
 		if len(buf) < total {
 			return frames
 		}
-		var header Header
-		if err := json.Unmarshal(buf[PrefixSize:PrefixSize+int(hlen)], &header); err != nil ||
-			header == nil {
-			off++
-			continue
+		header, ok := splitObject(buf[PrefixSize : PrefixSize+int(hlen)])
+		if !ok {
+			if err := json.Unmarshal(buf[PrefixSize:PrefixSize+int(hlen)], &header); err != nil ||
+				header == nil {
+				off++
+				continue
+			}
 		}
 		payload := append([]byte(nil), buf[PrefixSize+int(hlen):total]...)
 		off += total
