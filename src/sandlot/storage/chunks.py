@@ -6,18 +6,22 @@ template, two snapshots of one sandbox) are kept once. All-zero chunks are not s
 
 `put_file` reads only what may have changed: given the manifest of an earlier version of the
 file (`base`) and the byte ranges that may differ from it (`changed`), every other chunk is
-taken from the base without reading. Reads, hashing and compression run in threads (zstandard
+taken from the base without reading. A file need not exist yet: anything with a `size`,
+`read(offset, length)` and `data_chunks(chunk_size)` (`Readable`: a capture's RAM, served from
+its buffer) is stored the same way. Reads, hashing and compression run in threads (zstandard
 and hashlib release the GIL), a bounded number of chunks at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import zstandard
@@ -29,6 +33,43 @@ from sandlot.storage.objects import ObjectStore
 CHUNK_SIZE = 64 << 10  # the qcow2 cluster size, and a fine grain for RAM pages
 BATCH = 256  # chunks read and hashed per thread task (16 MiB at 64 KiB)
 PARALLEL = 16  # object store requests in flight
+
+
+class Readable(Protocol):
+    """A file's contents without the file."""
+
+    size: int
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+    def data_chunks(self, chunk: int) -> np.ndarray: ...
+
+
+Data = Path | Readable
+
+
+def _size(src: Data) -> int:
+    return src.stat().st_size if isinstance(src, Path) else src.size
+
+
+@contextlib.contextmanager
+def _reader(src: Data) -> Iterator[Callable[[int, int], bytes]]:
+    """read(offset, length) of `src`, for one thread."""
+    if not isinstance(src, Path):
+        yield src.read
+        return
+    with open(src, "rb", buffering=0) as f:
+        fd = f.fileno()
+        yield lambda offset, length: os.pread(fd, length, offset)
+
+
+_ZEROS = bytes(CHUNK_SIZE)
+
+
+def _is_zero(data: bytes) -> bool:
+    if len(data) == len(_ZEROS):
+        return data == _ZEROS
+    return not data.strip(b"\0")
 
 
 def chunk_key(digest: str) -> str:
@@ -66,22 +107,22 @@ def _overlapping(ranges: Iterable[tuple[int, int]], chunk: int) -> np.ndarray:
     return np.unique(np.concatenate(idx)) if idx else np.zeros(0, dtype=np.int64)
 
 
-def _read_hash(path: Path, indices: np.ndarray, chunk: int) -> list[tuple[int, str | None]]:
+def _read_hash(src: Data, indices: np.ndarray, chunk: int) -> list[tuple[int, str | None]]:
     """(index, sha256 hex or None for an all-zero chunk) of each chunk."""
     out = []
-    with open(path, "rb", buffering=0) as f:
+    with _reader(src) as read:
         for i in indices:
-            data = os.pread(f.fileno(), chunk, int(i) * chunk)
-            if not data.strip(b"\0"):
+            data = read(int(i) * chunk, chunk)
+            if _is_zero(data):
                 out.append((int(i), None))
             else:
                 out.append((int(i), hashlib.sha256(data).hexdigest()))
     return out
 
 
-def _read_compress(path: Path, index: int, chunk: int, level: int) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        data = os.pread(f.fileno(), chunk, index * chunk)
+def _read_compress(src: Data, index: int, chunk: int, level: int) -> bytes:
+    with _reader(src) as read:
+        data = read(index * chunk, chunk)
     return zstandard.ZstdCompressor(level=level).compress(data)
 
 
@@ -91,21 +132,23 @@ class ChunkStore:
         self.level = level
         self._slots = asyncio.Semaphore(parallel)
 
-    async def hash_file(self, path: Path, base: FileManifest | None = None,
+    async def hash_file(self, path: Data, base: FileManifest | None = None,
                         changed: Iterable[tuple[int, int]] | None = None,
                         chunk_size: int = CHUNK_SIZE) -> FileManifest:
         """The file's manifest; with `base` and `changed`, chunks outside `changed` are the
         base's (not read)."""
-        size = path.stat().st_size
+        size = _size(path)
         reuse = base is not None and changed is not None and base.chunk_size == chunk_size \
             and base.size == size
         if reuse:
             todo = _overlapping(changed, chunk_size)
             chunks = {i: d for i, d in base.chunks.items() if i not in set(todo.tolist())}
-        else:
+        elif isinstance(path, Path):
             with open(path, "rb") as f:
                 todo = _data_chunks(f.fileno(), size, chunk_size)
             chunks = {}
+        else:
+            todo, chunks = path.data_chunks(chunk_size), {}
         todo = todo[todo * chunk_size < size]
         batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
         for result in await asyncio.gather(*(asyncio.to_thread(_read_hash, path, b, chunk_size)
@@ -117,7 +160,7 @@ class ChunkStore:
                     chunks[index] = digest
         return FileManifest(size=size, chunk_size=chunk_size, chunks=chunks)
 
-    async def upload(self, path: Path, manifest: FileManifest, present: set[str],
+    async def upload(self, path: Data, manifest: FileManifest, present: set[str],
                      force: set[str] = frozenset()) -> PutResult:
         """Put the file's chunks that the store lacks. `present`: digests known to be there
         (skipped without asking); `force`: put even if there (GC is about to take them); the
@@ -126,21 +169,22 @@ class ChunkStore:
         for index, digest in manifest.chunks.items():
             if digest not in present:
                 first.setdefault(digest, index)
+        there = await self.objects.existing([chunk_key(d) for d in first if d not in force],
+                                            PARALLEL)
         added = 0
         new: set[str] = set()
 
         async def one(digest: str, index: int) -> None:
             nonlocal added
             async with self._slots:
-                if digest not in force and await self.objects.head(chunk_key(digest)):
-                    return
                 data = await asyncio.to_thread(_read_compress, path, index,
                                                manifest.chunk_size, self.level)
                 await self.objects.put(chunk_key(digest), data)
                 added += len(data)
                 new.add(digest)
 
-        await asyncio.gather(*(one(d, i) for d, i in first.items()))
+        await asyncio.gather(*(one(d, i) for d, i in first.items()
+                               if chunk_key(d) not in there))
         return PutResult(manifest=manifest, added_bytes=added, new=new)
 
     async def fetch_file(self, manifest: FileManifest, target: Path, what: str,

@@ -57,6 +57,16 @@ class ObjectStore(abc.ABC):
     async def exists(self, key: str) -> bool:
         return await self.head(key) is not None
 
+    async def existing(self, keys: list[str], parallel: int = 16) -> set[str]:
+        """Which of `keys` there are objects under (looked up `parallel` at a time)."""
+        slots = asyncio.Semaphore(parallel)
+
+        async def one(key: str) -> str | None:
+            async with slots:
+                return key if await self.head(key) is not None else None
+
+        return {k for k in await asyncio.gather(*(one(k) for k in keys)) if k is not None}
+
 
 def _check_key(key: str) -> str:
     if not key or key.startswith("/") or ".." in key.split("/"):
@@ -115,6 +125,10 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             return None
         return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    async def existing(self, keys: list[str], parallel: int = 16) -> set[str]:
+        paths = [(key, self._path(key)) for key in keys]  # checked here, in the loop
+        return await asyncio.to_thread(lambda: {k for k, p in paths if p.exists()})
 
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, StorageError
-from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore
+from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore, Data
 from sandlot.storage.manifest import FileManifest, Manifest
 from sandlot.storage.objects import ObjectStore
 
@@ -34,13 +35,15 @@ MANIFESTS = "manifests/"
 PENDING = "pending/"
 TOMBSTONES = "tombstones/"
 TEMPLATES = "index/templates/"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Source:
-    """A file to store: with `changed` (byte ranges), everything else equals the base's."""
+    """A file to store (or its contents, `chunks.Readable`): with `changed` (byte ranges),
+    everything else equals the base's."""
 
-    path: Path
+    path: Data
     changed: list[tuple[int, int]] | None = None
 
 
@@ -68,12 +71,15 @@ class Store:
         `base`: an earlier version of these files (a file's `changed` ranges are relative to
         it); `known`: other images whose chunks need not be looked up (a snapshot's template,
         the sandbox's previous snapshot)."""
+        t0 = time.monotonic()
         fms: dict[str, FileManifest] = {}
         for name, src in files.items():
             fms[name] = await self.chunks.hash_file(
                 src.path, base.files.get(name) if base else None,
                 src.changed if base else None, self.chunk_size)
         manifest = Manifest(key=key, kind=kind, files=fms, machine=machine, meta=meta)
+        phases = {"hash": (time.monotonic() - t0) * 1000}
+        t0 = time.monotonic()
         pending = f"{PENDING}{key}.{secrets.token_hex(4)}.json"
         await self.objects.put(pending, json.dumps(
             {"key": key, "at": time.time(), "digests": sorted(manifest.digests)}).encode())
@@ -84,6 +90,8 @@ class Store:
                     present |= other.digests  # referenced by a live manifest, and by our record
             tombstoned = {o.key.rsplit("/", 1)[1]
                           for o in await self.objects.list(TOMBSTONES)}
+            phases["lookup"] = (time.monotonic() - t0) * 1000
+            t0 = time.monotonic()
             added = 0
             for name, src in files.items():
                 result = await self.chunks.upload(src.path, fms[name], present - tombstoned,
@@ -91,9 +99,14 @@ class Store:
                 added += result.added_bytes
             for digest in tombstoned & manifest.digests:
                 await self.objects.delete(TOMBSTONES + digest)
+            phases["upload"] = (time.monotonic() - t0) * 1000
+            t0 = time.monotonic()
             await self.objects.put(manifest_key(key), manifest.dumps())
         finally:
             await self.objects.delete(pending)
+        phases["manifest"] = (time.monotonic() - t0) * 1000
+        log.info("stored %s: %.1f MiB added (%s ms)", key, added / 2**20,
+                 ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
         return manifest, added
 
     async def manifest(self, key: str) -> Manifest:
