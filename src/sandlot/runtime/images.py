@@ -25,6 +25,7 @@ from pathlib import Path
 from sandlot.config import Settings
 from sandlot.errors import NotFoundError
 from sandlot.runtime.base import Image, Stored
+from sandlot.storage.chunks import Data
 from sandlot.storage.manifest import Manifest
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Source, Store
@@ -89,12 +90,13 @@ class ImageStore:
                 continue
         return out
 
-    async def put(self, image: Image, files: dict[str, Path],
+    async def put(self, image: Image, files: dict[str, Data],
                   changed: dict[str, list[tuple[int, int]]], meta: dict,
                   related: list[str]) -> Stored:
         """Store a captured image. `related`: images it came from, nearest first (its
         source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
-        may differ from the first of them."""
+        may differ from the first of them. A file is a path or its contents (a capture's RAM
+        before its file is written)."""
         known = await self._first(related)
         base = known[0] if known and image.key != known[0].key else None
         sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None)

@@ -88,6 +88,9 @@ class _Capture:
     lease: Lease
     related: list[str]
     changed: dict[str, list[tuple[int, int]]]
+    pending: vmm_snapshot.PendingRam | None = None  # RAM files not written yet
+    filled: Callable[[], None] | None = None  # lets restores from the entry go on
+    stored: bool = False
 
 
 def _byte_ranges(pages) -> list[tuple[int, int]]:
@@ -440,6 +443,11 @@ class QemuRuntime(Runtime):
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
                       memory: bool = True, sync: bool = False) -> Captured:
+        """A persistent capture's RAM files are written after its upload (`release`): the
+        upload reads the RAM from the capture's buffer and the source's file, so a snapshot
+        is ready without waiting for them. Until they are written the cache entry is not
+        ready and restores from it wait (`HotCache.filling`). A fork's children restore from
+        its files at once: they are written before this returns."""
         assert isinstance(vm, QemuVm)
         if memory:
             self.reserve.check_capture(vm.memory_mb)
@@ -447,7 +455,9 @@ class QemuRuntime(Runtime):
             self.reserve.check_vm(0)  # disk room for the image's disk
         t0 = time.monotonic()
         lease = self.cache.create(key, persistent, memory=memory)
+        filled = await self.cache.filling(key) if persistent and memory else None
         self._vm_paths()
+        result = None
         try:
             if not memory:  # the disk is all it keeps: what the guest wrote must be on it
                 await _sync_guest(vm, SYNC_TIMEOUT)
@@ -463,36 +473,50 @@ class QemuRuntime(Runtime):
                                    "before the snapshot")
                 if memory:
                     result = await vmm_snapshot.capture(vm.machine, vm.disks,
-                                                        self.cache.dir(key))
+                                                        self.cache.dir(key),
+                                                        defer_ram=persistent)
                     pause_ms, changed_pages = result.pause_ms, result.changed
                 else:
                     await vmm_snapshot.freeze_disk(vm.machine, vm.disks)
                     pause_ms, changed_pages = 0.0, {}
                 vm.save()
-            if memory:
-                changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
-                log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
-                         "restore", key, vm.id, pause_ms,
-                         ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
-                         changed_mib)
+
+            async def clock() -> None:
+                if not memory:
+                    return
                 # The guest's clock stood still during the pause: bring it back to the host's.
                 try:
                     await (await vm.guest()).sync_clock()
                 except SandlotError as e:
                     log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
-            await vm.disks.flatten_frozen(lease.path("disk"))
-            self.cache.mark_ready(key)
+
+            t = time.monotonic()
+            await asyncio.gather(clock(), vm.disks.flatten_frozen(lease.path("disk")))
+            if result is not None:
+                result.phases_ms["flatten"] = (time.monotonic() - t) * 1000
+                changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
+                log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
+                         "restore", key, vm.id, pause_ms,
+                         ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
+                         changed_mib)
+            if result is None or result.pending is None:
+                self.cache.mark_ready(key)
             self.cache.evict()
         except BaseException:
+            if result is not None and result.pending is not None:
+                result.pending.close()
             lease.release()
             self.cache.remove(key)
+            if filled is not None:
+                filled()
             raise
         related = [vm.image.key] + ([vm.last_capture] if vm.last_capture else [])
         # Pages changed relative to the image the VM maps; a booted VM maps none (all its
         # RAM is its own), so its files are hashed whole.
         changed = {} if vm.booted else {name: _byte_ranges(pages)
                                         for name, pages in changed_pages.items()}
-        self._captures[key] = _Capture(lease, related, changed)
+        self._captures[key] = _Capture(lease, related, changed,
+                                       result.pending if result is not None else None, filled)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
         machine = describe(vm.machine.spec, vm.cpus)
@@ -517,16 +541,56 @@ class QemuRuntime(Runtime):
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         key = captured.image.key
         held = self._captures[key]
-        return await self.store.put(captured.image, self.cache.paths(key), held.changed, meta,
-                                    held.related)
+        files: dict = self.cache.paths(key)
+        if held.pending is not None:  # the RAM from the capture's buffer: no file yet
+            files = self.cache.paths(key, dimm="dimm" in held.pending.files)
+            files |= held.pending.files
+        stored = await self.store.put(captured.image, files, held.changed, meta, held.related)
+        held.stored = True
+        return stored
 
     async def stored_meta(self, key: str) -> dict:
         return dict((await self.store.manifest(key)).meta)
 
     def release(self, key: str) -> None:
         held = self._captures.pop(key, None)
-        if held is not None:
-            held.lease.release()
+        if held is None:
+            return
+        if held.pending is not None and held.stored:
+            self._write_ram(key, held)  # holds the lease until the files are written
+            return
+        if held.pending is not None:  # never stored: nothing will restore from it here
+            held.pending.close()
+        if held.filled is not None:
+            held.filled()
+        held.lease.release()
+
+    def _write_ram(self, key: str, held: _Capture) -> None:
+        """Write a stored capture's RAM files in a thread, then make its cache entry ready
+        (restores from it wait until then); on failure the entry goes (a restore fetches
+        it from the store)."""
+        assert held.pending is not None and held.filled is not None
+        pending, filled = held.pending, held.filled
+        started = time.monotonic()
+
+        def done(future: asyncio.Future) -> None:
+            try:
+                error = future.exception() if not future.cancelled() else "cancelled"
+                if error is None:
+                    self.cache.mark_ready(key)
+                    log.info("wrote the RAM files of %s in %.1f ms", key,
+                             (time.monotonic() - started) * 1000)
+                else:
+                    log.warning("writing the RAM files of %s failed (%s): a restore fetches "
+                                "them from the store", key, error)
+                    self.cache.remove(key)
+            finally:
+                pending.close()
+                filled()
+                held.lease.release()
+
+        future = asyncio.get_running_loop().run_in_executor(None, pending.write)
+        future.add_done_callback(done)
 
     async def discard(self, key: str) -> None:
         await self.store.delete(key)

@@ -199,33 +199,48 @@ def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer:
     return deltas
 
 
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of each data extent of a sparse file (SEEK_DATA/SEEK_HOLE)."""
+    out = []
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:
+            break  # ENXIO: no data after offset
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        out.append((start, end))
+        offset = end
+    return out
+
+
 def copy_sparse(src: Path, dst: Path) -> None:
     """Copy `src`'s data extents to a new sparse `dst` of the same size."""
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        size = os.fstat(fin.fileno()).st_size
+    with open(src, "rb", buffering=0) as fin:
+        _copy_sparse_fd(fin.fileno(), dst, str(src))
+
+
+def _copy_sparse_fd(fd: int, dst: Path, what: str) -> None:
+    with open(dst, "wb", buffering=0) as fout:
+        size = os.fstat(fd).st_size
         fout.truncate(size)
         buf = bytearray(COPY_BUFFER)
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
-            except OSError:
-                break  # ENXIO: no data after offset
-            end = min(os.lseek(fin.fileno(), start, os.SEEK_HOLE), size)
+        for start, end in data_extents(fd, size):
             pos = start
             while pos < end:
-                n = os.preadv(fin.fileno(), [memoryview(buf)[: min(len(buf), end - pos)]], pos)
+                n = os.preadv(fd, [memoryview(buf)[: min(len(buf), end - pos)]], pos)
                 if n <= 0:
-                    raise VmmError(f"{src} changed while it was copied")
+                    raise VmmError(f"{what} changed while it was copied")
                 os.pwrite(fout.fileno(), memoryview(buf)[:n], pos)
                 pos += n
-            offset = end
 
 
-def write_image(delta: Delta, out: Path) -> None:
+def write_image(delta: Delta, out: Path, base_fd: int | None = None) -> None:
     """`out`: the region's base file (or zeros) with the delta's pages written over it; zero
-    pages become holes, so tmpfs holds only data."""
-    if delta.region.base is not None:
+    pages become holes, so tmpfs holds only data. `base_fd`: the base file, already open."""
+    if base_fd is not None:
+        _copy_sparse_fd(base_fd, out, str(delta.region.base))
+    elif delta.region.base is not None:
         copy_sparse(delta.region.base, out)
     else:
         with open(out, "wb") as f:
@@ -246,6 +261,58 @@ def write_image(delta: Delta, out: Path) -> None:
                     _punch(fd, first * PAGE, count * PAGE)
     finally:
         os.close(fd)
+
+
+class Patched:
+    """A region's new contents before (or without) its file: its base file (an open fd, so
+    that it stays readable whatever happens to its path) or zeros, with a delta's pages over
+    it. `read` serves any byte range, from any thread; `write` makes the file."""
+
+    def __init__(self, delta: Delta) -> None:
+        self.delta = delta
+        self.size = delta.region.size
+        self._fd = (os.open(delta.region.base, os.O_RDONLY)
+                    if delta.region.base is not None else None)
+
+    def read(self, offset: int, length: int) -> bytes:
+        length = max(0, min(length, self.size - offset))
+        if offset % PAGE:
+            raise ValueError("reads start at a page")
+        first, count = offset // PAGE, -(-length // PAGE)
+        pages, data = self.delta.pages, self.delta.data
+        lo, hi = (int(x) for x in np.searchsorted(pages, [first, first + count]))
+        if hi - lo == count:  # every page of the range changed: one slice of the buffer
+            return bytes(data[lo * PAGE: lo * PAGE + length])
+        buf = bytearray(length)
+        if self._fd is not None:
+            os.preadv(self._fd, [buf], offset)  # short at the end of the base: zeros stay
+        i = lo
+        while i < hi:  # runs of consecutive pages are consecutive in the buffer too
+            j = i + 1
+            while j < hi and pages[j] == pages[j - 1] + 1:
+                j += 1
+            at = (int(pages[i]) - first) * PAGE
+            end = min(at + (j - i) * PAGE, length)
+            buf[at:end] = data[i * PAGE: i * PAGE + end - at]
+            i = j
+        return bytes(buf)
+
+    def data_chunks(self, chunk: int) -> np.ndarray:
+        """Indices of the `chunk`-byte chunks that may hold data (the rest are zeros)."""
+        found = [self.delta.pages // (chunk // PAGE)]
+        if self._fd is not None:
+            found += [np.arange(start // chunk, (end - 1) // chunk + 1)
+                      for start, end in data_extents(self._fd, self.size)]
+        return np.unique(np.concatenate(found)).astype(np.int64)
+
+    def write(self, out: Path) -> None:
+        write_image(self.delta, out, self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.delta.data.release()
 
 
 def _run_starts(slots: np.ndarray, pages: np.ndarray) -> np.ndarray:
@@ -270,18 +337,6 @@ def _punch(fd: int, offset: int, length: int) -> None:
 
 def data_bytes(path: Path) -> int:
     """How much of a sparse file holds data."""
-    total = 0
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(f.fileno(), offset, os.SEEK_DATA)
-            except OSError:
-                break
-            end = min(os.lseek(f.fileno(), start, os.SEEK_HOLE), size)
-            total += end - start
-            offset = end
-    return total
-
-
+        return sum(end - start for start, end in data_extents(f.fileno(),
+                                                               os.fstat(f.fileno()).st_size))
