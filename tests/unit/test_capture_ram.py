@@ -97,3 +97,28 @@ async def test_storing_it_is_storing_the_file(base, tmp_path) -> None:
     out = tmp_path / "out"
     await stores[1].fetch("snap", {"ram": out})
     assert out.read_bytes() == expect
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_copy_is_cut_into_equal_shares_covering_each_page_once(threads) -> None:
+    """The pause's copy (read_pages) runs in `threads` shares of equal bytes: one run of
+    pages often holds most of what changed, so runs are cut where a share ends."""
+    pages = np.concatenate([np.arange(3, 40, 3), np.arange(100, 100 + 28000),
+                            np.arange(40000, 40007)]).astype(np.int64)
+    r = memory.runs(pages)
+    lengths = r[:, 1] * PAGE
+    local = (1 << 30) + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    remote = (1 << 40) + r[:, 0] * PAGE
+    shares = memory._shares(local, remote, lengths, threads)
+    assert len(shares) == threads
+    copied: dict[int, int] = {}  # guest page -> buffer slot
+    for loc, rem in shares:
+        assert (loc[:, 1] == rem[:, 1]).all() and (loc[:, 1] > 0).all()
+        for (la, n), ra in zip(loc.tolist(), rem[:, 0].tolist(), strict=True):
+            for k in range(n // PAGE):
+                page = (ra - (1 << 40)) // PAGE + k
+                assert page not in copied
+                copied[page] = (la - (1 << 30)) // PAGE + k
+    assert copied == {int(p): slot for slot, p in enumerate(pages)}
+    sizes = [int(loc[:, 1].sum()) for loc, _ in shares]
+    assert max(sizes) - min(sizes) <= PAGE

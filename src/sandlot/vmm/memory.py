@@ -153,50 +153,79 @@ class Delta:
 
 def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer: PageBuffer,
                threads: int = 2) -> list[Delta]:
-    """Copy the given pages out of process `pid` (stopped) into `buffer`, in parallel."""
+    """Copy the given pages out of process `pid` (stopped) into `buffer`, in `threads`
+    threads that each copy an equal share of the bytes (a run of pages is cut where a share
+    ends: one run often holds most of what changed)."""
     total = sum(len(p) for _, p in regions_pages)
     buffer._grow(total)
     base = buffer.address
-    iovecs = []  # (local, remote) iovec arrays of at most _IOV_MAX entries
+    local_parts, remote_parts, length_parts = [], [], []
     deltas = []
     offset = 0
     for region, pages in regions_pages:
         r = runs(pages)
-        local = np.empty((len(r), 2), dtype=np.uint64)
-        remote = np.empty((len(r), 2), dtype=np.uint64)
         lengths = r[:, 1] * PAGE
-        local[:, 0] = base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        local[:, 1] = lengths
-        remote[:, 0] = region.start + r[:, 0] * PAGE
-        remote[:, 1] = lengths
-        # Batches of at most _IOV_MAX runs, and at least `threads` of them when there is
-        # enough to copy (the VM is stopped: its cores are free).
-        per = max(1, min(_IOV_MAX, -(-len(r) // threads) if len(pages) > 256 else _IOV_MAX))
-        for i in range(0, len(r), per):
-            iovecs.append((local[i:i + per], remote[i:i + per]))
+        local_parts.append(base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        remote_parts.append(region.start + r[:, 0] * PAGE)
+        length_parts.append(lengths)
         view = buffer.view(total)
         deltas.append(Delta(region, pages, view[offset: offset + len(pages) * PAGE]))
         view.release()
         offset += len(pages) * PAGE
+    shares = _shares(np.concatenate(local_parts).astype(np.int64),
+                     np.concatenate(remote_parts).astype(np.int64),
+                     np.concatenate(length_parts).astype(np.int64),
+                     threads if total > 256 else 1)
 
-    def copy(pair) -> int:
-        local, remote = pair
-        want = int(local[:, 1].sum())
-        got = _libc.process_vm_readv(pid, local.ctypes.data, len(local), remote.ctypes.data,
-                                     len(remote), 0)
-        if got != want:
-            err = ctypes.get_errno()
-            raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
-                           f"({os.strerror(err) if got < 0 else 'short read'})")
-        return got
+    def copy(share: tuple[np.ndarray, np.ndarray]) -> None:
+        local, remote = share
+        for i in range(0, len(local), _IOV_MAX):
+            lo, re = local[i:i + _IOV_MAX], remote[i:i + _IOV_MAX]
+            want = int(lo[:, 1].sum())
+            got = _libc.process_vm_readv(pid, lo.ctypes.data, len(lo), re.ctypes.data,
+                                         len(re), 0)
+            if got != want:
+                err = ctypes.get_errno()
+                raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
+                               f"({os.strerror(err) if got < 0 else 'short read'})")
 
-    if len(iovecs) <= 1 or threads <= 1:
-        for pair in iovecs:
-            copy(pair)
+    if len(shares) <= 1:
+        for share in shares:
+            copy(share)
     else:
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(copy, iovecs))
+        with concurrent.futures.ThreadPoolExecutor(len(shares)) as pool:
+            list(pool.map(copy, shares))
     return deltas
+
+
+def _shares(local: np.ndarray, remote: np.ndarray, lengths: np.ndarray, n: int
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Runs (local address, remote address, length) as `n` (local, remote) iovec arrays of
+    about equal bytes, cutting runs at page boundaries where a share ends."""
+    total = int(lengths.sum())
+    if total == 0:
+        return []
+    n = max(1, min(n, total // PAGE))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    cuts = [round(total * k / n / PAGE) * PAGE for k in range(1, n)]
+    out = []
+    lo = 0
+    for hi in cuts + [total]:
+        if hi <= lo:
+            continue
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(starts, hi, side="left"))  # runs [first, last) overlap
+        begin = np.maximum(lo - starts[first:last], 0)  # int64 (addresses < 2**47)
+        stop = np.minimum(lengths[first:last], hi - starts[first:last])
+        loc = np.empty((last - first, 2), dtype=np.uint64)
+        rem = np.empty((last - first, 2), dtype=np.uint64)
+        loc[:, 0] = local[first:last] + begin
+        rem[:, 0] = remote[first:last] + begin
+        loc[:, 1] = rem[:, 1] = stop - begin
+        out.append((loc, rem))
+        lo = hi
+    return out
 
 
 def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
