@@ -33,6 +33,8 @@ from sandlot.storage.objects import ObjectStore
 CHUNK_SIZE = 64 << 10  # the qcow2 cluster size, and a fine grain for RAM pages
 BATCH = 256  # chunks read and hashed per thread task (16 MiB at 64 KiB)
 PARALLEL = 16  # object store requests in flight
+UPLOAD_BATCH = 16  # chunks compressed and put together (one thread, one fsync of each dir)
+UPLOAD_BATCHES = 4  # batches under way at once
 
 
 class Readable(Protocol):
@@ -120,10 +122,10 @@ def _read_hash(src: Data, indices: np.ndarray, chunk: int) -> list[tuple[int, st
     return out
 
 
-def _read_compress(src: Data, index: int, chunk: int, level: int) -> bytes:
+def _read_compress(src: Data, indices: list[int], chunk: int, level: int) -> list[bytes]:
+    compressor = zstandard.ZstdCompressor(level=level)
     with _reader(src) as read:
-        data = read(index * chunk, chunk)
-    return zstandard.ZstdCompressor(level=level).compress(data)
+        return [compressor.compress(read(index * chunk, chunk)) for index in indices]
 
 
 class ChunkStore:
@@ -171,20 +173,23 @@ class ChunkStore:
                 first.setdefault(digest, index)
         there = await self.objects.existing([chunk_key(d) for d in first if d not in force],
                                             PARALLEL)
+        todo = [(d, i) for d, i in first.items() if chunk_key(d) not in there]
         added = 0
         new: set[str] = set()
+        batches = asyncio.Semaphore(UPLOAD_BATCHES)
 
-        async def one(digest: str, index: int) -> None:
+        async def one(batch: list[tuple[str, int]]) -> None:
             nonlocal added
-            async with self._slots:
-                data = await asyncio.to_thread(_read_compress, path, index,
-                                               manifest.chunk_size, self.level)
-                await self.objects.put(chunk_key(digest), data)
-                added += len(data)
-                new.add(digest)
+            async with batches:
+                packed = await asyncio.to_thread(_read_compress, path, [i for _, i in batch],
+                                                 manifest.chunk_size, self.level)
+                await self.objects.put_many(
+                    [(chunk_key(d), data) for (d, _), data in zip(batch, packed, strict=True)])
+                added += sum(len(data) for data in packed)
+                new.update(d for d, _ in batch)
 
-        await asyncio.gather(*(one(d, i) for d, i in first.items()
-                               if chunk_key(d) not in there))
+        size = max(1, min(UPLOAD_BATCH, -(-len(todo) // UPLOAD_BATCHES)))
+        await asyncio.gather(*(one(todo[k:k + size]) for k in range(0, len(todo), size)))
         return PutResult(manifest=manifest, added_bytes=added, new=new)
 
     async def fetch_file(self, manifest: FileManifest, target: Path, what: str,
