@@ -581,13 +581,15 @@ class QemuRuntime(Runtime):
                     log.info("wrote the RAM files of %s in %.1f ms", key,
                              (time.monotonic() - started) * 1000)
                 else:
-                    log.warning("writing the RAM files of %s failed (%s): a restore fetches "
-                                "them from the store", key, error)
-                    self.cache.remove(key)
+                    raise VmmError(str(error))
+            except Exception as e:  # noqa: BLE001 - the store has the image: fetched if wanted
+                log.warning("writing the RAM files of %s failed (%s): a restore fetches them "
+                            "from the store", key, e)
+                self.cache.remove(key)
             finally:
-                pending.close()
                 filled()
                 held.lease.release()
+                pending.close()
 
         future = asyncio.get_running_loop().run_in_executor(None, pending.write)
         future.add_done_callback(done)

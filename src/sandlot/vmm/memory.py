@@ -134,8 +134,11 @@ class PageBuffer:
 
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
-            self._map = None
+            mapped, self._map = self._map, None
+            try:
+                mapped.close()
+            except BufferError:  # a view of it lives on (in a traceback): unmapped with it
+                pass
 
 
 @dataclass
@@ -341,7 +344,10 @@ class Patched:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self.delta.data.release()
+        try:
+            self.delta.data.release()
+        except BufferError:  # exported (an array in a failed write's traceback): freed with it
+            pass
 
 
 def _run_starts(slots: np.ndarray, pages: np.ndarray) -> np.ndarray:

@@ -110,13 +110,16 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
     devstate = out_dir / "devstate"
     # QEMU writes it where it may (its run dir: a confined QEMU cannot write the cache).
     written = machine.spec.run_dir / f"devstate-{out_dir.name}"
+    phases: dict[str, float] = {}
     regions = _regions(machine)
     expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
     buffer = memory.PageBuffer(expected + MARGIN_PAGES)
-    phases: dict[str, float] = {}
+    phases["buffer"] = (time.monotonic() - t0) * 1000
     deltas: list[memory.Delta] = []
     pending: PendingRam | None = None
+    t = time.monotonic()
     await disks.open_next(machine)
+    phases["overlay"] = (time.monotonic() - t) * 1000
     stacked = False
     try:
         paused_at = time.monotonic()
@@ -178,7 +181,8 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
         changed = {d.region.name: d.pages for d in deltas}
         if pending is None:  # else the pending files own the buffer
             for delta in deltas:
-                delta.data.release()
+                with contextlib.suppress(BufferError):  # a failed write's traceback holds it
+                    delta.data.release()
             buffer.close()
     return CaptureResult(ram=out["ram"], dimm=out.get("dimm"), devstate=devstate,
                          pause_ms=(resumed_at - paused_at) * 1000,
