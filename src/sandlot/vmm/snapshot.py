@@ -112,14 +112,31 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
     written = machine.spec.run_dir / f"devstate-{out_dir.name}"
     phases: dict[str, float] = {}
     regions = _regions(machine)
-    expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
-    buffer = memory.PageBuffer(expected + MARGIN_PAGES)
-    phases["buffer"] = (time.monotonic() - t0) * 1000
     deltas: list[memory.Delta] = []
     pending: PendingRam | None = None
-    t = time.monotonic()
-    await disks.open_next(machine)
-    phases["overlay"] = (time.monotonic() - t) * 1000
+
+    def make_buffer() -> memory.PageBuffer:
+        expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
+        return memory.PageBuffer(expected + MARGIN_PAGES)
+
+    async def overlay() -> None:
+        t = time.monotonic()
+        await disks.open_next(machine)
+        phases["overlay"] = (time.monotonic() - t) * 1000
+
+    # Side by side: the buffer is mapped and faulted in (a thread) while QEMU opens the
+    # disk's next overlay.
+    made = await asyncio.gather(asyncio.to_thread(make_buffer), overlay(),
+                                return_exceptions=True)
+    if isinstance(made[1], BaseException):
+        if not isinstance(made[0], BaseException):
+            made[0].close()
+        raise made[1]
+    if isinstance(made[0], BaseException):
+        await disks.drop_next(machine)
+        raise made[0]
+    buffer = made[0]
+    phases["prepare"] = (time.monotonic() - t0) * 1000
     stacked = False
     try:
         paused_at = time.monotonic()
