@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from harness import rand, sparse_file
+from sandlot.storage.chunks import DigestMemo
 from sandlot.storage.objects import LocalObjectStore
 from sandlot.storage.store import Source, Store
 from sandlot.vmm import memory
@@ -141,3 +142,22 @@ def test_a_failed_write_frees_the_capture(tmp_path) -> None:
     words = np.frombuffer(pending.files["ram"].delta.data, dtype=np.uint64)  # as a traceback
     pending.close()
     assert words.sum() >= 0  # still readable: unmapped only when the last view goes
+
+
+async def test_a_digest_memo_gives_the_digests_sha256_would(tmp_path) -> None:
+    """Chunks a sandbox's last snapshot hashed are found by their BLAKE3 digest and not
+    hashed with SHA-256 again: the manifest is the same as without the memo."""
+    if not DigestMemo.available():
+        pytest.skip("blake3 is not installed")
+    store = Store(LocalObjectStore(tmp_path / "store"))
+    path = sparse_file(tmp_path / "ram", SIZE, {0: rand(4 * MiB, 1), 8 * MiB: rand(MiB, 2)})
+    first = DigestMemo()
+    plain = await store.chunks.hash_file(path)
+    assert await store.chunks.hash_file(path, memo=first) == plain
+    assert first.reused == 0 and len(first.seen) == len(plain.chunks)
+    with open(path, "r+b") as f:  # one chunk changes
+        f.seek(MiB)
+        f.write(rand(64 << 10, 3))
+    again = DigestMemo(first.seen)
+    assert await store.chunks.hash_file(path, memo=again) == await store.chunks.hash_file(path)
+    assert again.reused == len(plain.chunks) - 1

@@ -25,7 +25,7 @@ from pathlib import Path
 from sandlot.config import Settings
 from sandlot.errors import NotFoundError
 from sandlot.runtime.base import Image, Stored
-from sandlot.storage.chunks import Data
+from sandlot.storage.chunks import Data, DigestMemo
 from sandlot.storage.manifest import Manifest
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Source, Store
@@ -92,7 +92,7 @@ class ImageStore:
 
     async def put(self, image: Image, files: dict[str, Data],
                   changed: dict[str, list[tuple[int, int]]], meta: dict,
-                  related: list[str]) -> Stored:
+                  related: list[str], memo: DigestMemo | None = None) -> Stored:
         """Store a captured image. `related`: images it came from, nearest first (its
         source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
         may differ from the first of them. A file is a path or its contents (a capture's RAM
@@ -104,7 +104,7 @@ class ImageStore:
         manifest, added = await self.store.put(
             image.key, "template" if image.is_template else "snapshot", sources,
             image.machine.to_dict(), {**meta, "build": image.build}, base=base,
-            known=known[1:])
+            known=known[1:], memo=memo)
         self._manifests[image.key] = manifest
         return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
 

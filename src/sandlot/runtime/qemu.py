@@ -52,6 +52,7 @@ from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
 from sandlot.runtime.qemu_vm import QemuVm, load_state
 from sandlot.runtime.usage import vm_usage
+from sandlot.storage.chunks import DigestMemo
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
@@ -88,6 +89,7 @@ class _Capture:
     lease: Lease
     related: list[str]
     changed: dict[str, list[tuple[int, int]]]
+    vm: QemuVm | None = None
     pending: vmm_snapshot.PendingRam | None = None  # RAM files not written yet
     filled: Callable[[], None] | None = None  # lets restores from the entry go on
     stored: bool = False
@@ -134,6 +136,7 @@ class QemuRuntime(Runtime):
         self.store = ImageStore(settings)
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
         self._captures: dict[str, _Capture] = {}
+        self._memos: dict[str, dict[bytes, str]] = {}  # VM id -> its last snapshot's digests
         self._tasks: set[asyncio.Task] = set()
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
@@ -515,7 +518,7 @@ class QemuRuntime(Runtime):
         # RAM is its own), so its files are hashed whole.
         changed = {} if vm.booted else {name: _byte_ranges(pages)
                                         for name, pages in changed_pages.items()}
-        self._captures[key] = _Capture(lease, related, changed,
+        self._captures[key] = _Capture(lease, related, changed, vm,
                                        result.pending if result is not None else None, filled)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
@@ -545,7 +548,16 @@ class QemuRuntime(Runtime):
         if held.pending is not None:  # the RAM from the capture's buffer: no file yet
             files = self.cache.paths(key, dimm="dimm" in held.pending.files)
             files |= held.pending.files
-        stored = await self.store.put(captured.image, files, held.changed, meta, held.related)
+        # What the VM's last snapshot hashed: most of what it changed since its restore is
+        # unchanged since then.
+        vm = held.vm
+        memo = None
+        if vm is not None and DigestMemo.available():
+            memo = DigestMemo(self._memos.get(vm.id))
+        stored = await self.store.put(captured.image, files, held.changed, meta, held.related,
+                                      memo)
+        if memo is not None and vm is not None and not vm.machine.exited:
+            self._memos[vm.id] = memo.seen
         held.stored = True
         return stored
 
@@ -602,6 +614,7 @@ class QemuRuntime(Runtime):
 
     async def kill(self, vm: Vm) -> None:
         assert isinstance(vm, QemuVm)
+        self._memos.pop(vm.id, None)
         with contextlib.suppress(Exception):
             await vm.agent.close()
         await vm.machine.kill()

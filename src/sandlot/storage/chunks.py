@@ -26,6 +26,11 @@ from typing import Protocol
 import numpy as np
 import zstandard
 
+try:
+    import blake3 as _blake3
+except ImportError:  # without it, every chunk that may have changed is hashed with SHA-256
+    _blake3 = None
+
 from sandlot.errors import NotFoundError, StorageError
 from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
@@ -74,6 +79,37 @@ def _is_zero(data: bytes) -> bool:
     return not data.strip(b"\0")
 
 
+class DigestMemo:
+    """SHA-256 digests of chunks hashed before, by their BLAKE3 digest.
+
+    A sandbox's snapshot hashes every chunk it changed since its restore, most of them
+    unchanged since its last snapshot. BLAKE3 is ~4x faster than SHA-256 here (SIMD) and
+    collision resistant like it, so a chunk whose BLAKE3 digest the last snapshot saw has
+    that snapshot's SHA-256 digest, and is not hashed with SHA-256 again. `known`: what the
+    last one saw; `seen`: what this one did (the next one's `known`). Thread-safe."""
+
+    def __init__(self, known: dict[bytes, str] | None = None) -> None:
+        self.known = known or {}
+        self.seen: dict[bytes, str] = {}
+        self.reused = 0
+
+    @staticmethod
+    def available() -> bool:
+        return _blake3 is not None
+
+    def digest(self, data: bytes) -> str:
+        if _blake3 is None:
+            return hashlib.sha256(data).hexdigest()
+        key = _blake3.blake3(data).digest()
+        digest = self.known.get(key)
+        if digest is None:
+            digest = hashlib.sha256(data).hexdigest()
+        else:
+            self.reused += 1
+        self.seen[key] = digest
+        return digest
+
+
 def chunk_key(digest: str) -> str:
     return f"chunks/{digest[:2]}/{digest}"
 
@@ -109,7 +145,8 @@ def _overlapping(ranges: Iterable[tuple[int, int]], chunk: int) -> np.ndarray:
     return np.unique(np.concatenate(idx)) if idx else np.zeros(0, dtype=np.int64)
 
 
-def _read_hash(src: Data, indices: np.ndarray, chunk: int) -> list[tuple[int, str | None]]:
+def _read_hash(src: Data, indices: np.ndarray, chunk: int, memo: DigestMemo | None = None
+               ) -> list[tuple[int, str | None]]:
     """(index, sha256 hex or None for an all-zero chunk) of each chunk."""
     out = []
     with _reader(src) as read:
@@ -117,6 +154,8 @@ def _read_hash(src: Data, indices: np.ndarray, chunk: int) -> list[tuple[int, st
             data = read(int(i) * chunk, chunk)
             if _is_zero(data):
                 out.append((int(i), None))
+            elif memo is not None:
+                out.append((int(i), memo.digest(data)))
             else:
                 out.append((int(i), hashlib.sha256(data).hexdigest()))
     return out
@@ -136,9 +175,10 @@ class ChunkStore:
 
     async def hash_file(self, path: Data, base: FileManifest | None = None,
                         changed: Iterable[tuple[int, int]] | None = None,
-                        chunk_size: int = CHUNK_SIZE) -> FileManifest:
+                        chunk_size: int = CHUNK_SIZE,
+                        memo: DigestMemo | None = None) -> FileManifest:
         """The file's manifest; with `base` and `changed`, chunks outside `changed` are the
-        base's (not read)."""
+        base's (not read); with `memo`, chunks hashed before are not hashed again."""
         size = _size(path)
         reuse = base is not None and changed is not None and base.chunk_size == chunk_size \
             and base.size == size
@@ -153,7 +193,8 @@ class ChunkStore:
             todo, chunks = path.data_chunks(chunk_size), {}
         todo = todo[todo * chunk_size < size]
         batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
-        for result in await asyncio.gather(*(asyncio.to_thread(_read_hash, path, b, chunk_size)
+        for result in await asyncio.gather(*(asyncio.to_thread(_read_hash, path, b, chunk_size,
+                                                               memo)
                                              for b in batches)):
             for index, digest in result:
                 if digest is None:

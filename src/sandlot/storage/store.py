@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, StorageError
-from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore, Data
+from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore, Data, DigestMemo
 from sandlot.storage.manifest import FileManifest, Manifest
 from sandlot.storage.objects import ObjectStore
 
@@ -65,20 +65,23 @@ class Store:
 
     async def put(self, key: str, kind: str, files: dict[str, Source], machine: dict,
                   meta: dict, base: Manifest | None = None,
-                  known: list[Manifest] = ()) -> tuple[Manifest, int]:
+                  known: list[Manifest] = (),
+                  memo: DigestMemo | None = None) -> tuple[Manifest, int]:
         """Store an image; (its manifest, the compressed bytes it added to the store).
 
         `base`: an earlier version of these files (a file's `changed` ranges are relative to
         it); `known`: other images whose chunks need not be looked up (a snapshot's template,
-        the sandbox's previous snapshot)."""
+        the sandbox's previous snapshot); `memo`: digests of chunks hashed before."""
         t0 = time.monotonic()
         fms: dict[str, FileManifest] = {}
         for name, src in files.items():
             fms[name] = await self.chunks.hash_file(
                 src.path, base.files.get(name) if base else None,
-                src.changed if base else None, self.chunk_size)
+                src.changed if base else None, self.chunk_size, memo)
         manifest = Manifest(key=key, kind=kind, files=fms, machine=machine, meta=meta)
         phases = {"hash": (time.monotonic() - t0) * 1000}
+        hashed = "" if memo is None else (
+            f"; {len(memo.seen) - memo.reused} of {len(memo.seen)} chunks hashed with SHA-256")
         t0 = time.monotonic()
         pending = f"{PENDING}{key}.{secrets.token_hex(4)}.json"
         await self.objects.put(pending, json.dumps(
@@ -105,8 +108,8 @@ class Store:
         finally:
             await self.objects.delete(pending)
         phases["manifest"] = (time.monotonic() - t0) * 1000
-        log.info("stored %s: %.1f MiB added (%s ms)", key, added / 2**20,
-                 ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+        log.info("stored %s: %.1f MiB added (%s ms%s)", key, added / 2**20,
+                 ", ".join(f"{k} {v:.1f}" for k, v in phases.items()), hashed)
         return manifest, added
 
     async def manifest(self, key: str) -> Manifest:
