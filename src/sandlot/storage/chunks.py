@@ -15,10 +15,10 @@ and hashlib release the GIL), a bounded number of chunks at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,7 +36,8 @@ from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
 
 CHUNK_SIZE = 64 << 10  # the qcow2 cluster size, and a fine grain for RAM pages
-BATCH = 256  # chunks read and hashed per thread task (16 MiB at 64 KiB)
+BATCH = 256  # chunks read and hashed per thread task at least (16 MiB at 64 KiB)
+HASH_THREADS = 2  # more only contend for the GIL (reads, copies) and two cores
 PARALLEL = 16  # object store requests in flight
 UPLOAD_BATCH = 16  # chunks compressed and put together (one thread, one fsync of each dir)
 UPLOAD_BATCHES = 4  # batches under way at once
@@ -47,36 +48,39 @@ class Readable(Protocol):
 
     size: int
 
-    def read(self, offset: int, length: int) -> bytes: ...
+    def read(self, offset: int, length: int) -> bytes | memoryview: ...
+
+    def read_many(self, offsets: np.ndarray, length: int
+                  ) -> Iterator[bytes | memoryview]: ...
 
     def data_chunks(self, chunk: int) -> np.ndarray: ...
 
 
 Data = Path | Readable
+Buffer = bytes | bytearray | memoryview
 
 
 def _size(src: Data) -> int:
     return src.stat().st_size if isinstance(src, Path) else src.size
 
 
-@contextlib.contextmanager
-def _reader(src: Data) -> Iterator[Callable[[int, int], bytes]]:
-    """read(offset, length) of `src`, for one thread."""
+def _chunks(src: Data, indices, chunk: int) -> Iterator[tuple[int, Buffer]]:
+    """(index, bytes) of each chunk (a view that is valid until the next one)."""
+    indices = np.asarray(indices, dtype=np.int64)
     if not isinstance(src, Path):
-        yield src.read
+        yield from zip(indices.tolist(), src.read_many(indices * chunk, chunk), strict=True)
         return
     with open(src, "rb", buffering=0) as f:
-        fd = f.fileno()
-        yield lambda offset, length: os.pread(fd, length, offset)
+        for i in indices.tolist():
+            yield i, os.pread(f.fileno(), chunk, i * chunk)
 
 
-_ZEROS = bytes(CHUNK_SIZE)
-
-
-def _is_zero(data: bytes) -> bool:
-    if len(data) == len(_ZEROS):
-        return data == _ZEROS
-    return not data.strip(b"\0")
+@functools.lru_cache(maxsize=8)
+def _zero_digests(length: int) -> tuple[str, bytes | None]:
+    """SHA-256 (hex) and BLAKE3 digests of `length` zero bytes."""
+    zeros = bytes(length)
+    return (hashlib.sha256(zeros).hexdigest(),
+            _blake3.blake3(zeros).digest() if _blake3 is not None else None)
 
 
 class DigestMemo:
@@ -97,10 +101,13 @@ class DigestMemo:
     def available() -> bool:
         return _blake3 is not None
 
-    def digest(self, data: bytes) -> str:
+    def digest(self, data: Buffer) -> str | None:
+        """The chunk's SHA-256 digest (hex), or None if it is all zeros."""
         if _blake3 is None:
-            return hashlib.sha256(data).hexdigest()
+            return _sha256(data)
         key = _blake3.blake3(data).digest()
+        if key == _zero_digests(len(data))[1]:
+            return None
         digest = self.known.get(key)
         if digest is None:
             digest = hashlib.sha256(data).hexdigest()
@@ -108,6 +115,12 @@ class DigestMemo:
             self.reused += 1
         self.seen[key] = digest
         return digest
+
+
+def _sha256(data: Buffer) -> str | None:
+    """The chunk's SHA-256 digest (hex), or None if it is all zeros."""
+    digest = hashlib.sha256(data).hexdigest()
+    return None if digest == _zero_digests(len(data))[0] else digest
 
 
 def chunk_key(digest: str) -> str:
@@ -148,23 +161,13 @@ def _overlapping(ranges: Iterable[tuple[int, int]], chunk: int) -> np.ndarray:
 def _read_hash(src: Data, indices: np.ndarray, chunk: int, memo: DigestMemo | None = None
                ) -> list[tuple[int, str | None]]:
     """(index, sha256 hex or None for an all-zero chunk) of each chunk."""
-    out = []
-    with _reader(src) as read:
-        for i in indices:
-            data = read(int(i) * chunk, chunk)
-            if _is_zero(data):
-                out.append((int(i), None))
-            elif memo is not None:
-                out.append((int(i), memo.digest(data)))
-            else:
-                out.append((int(i), hashlib.sha256(data).hexdigest()))
-    return out
+    digest = memo.digest if memo is not None else _sha256
+    return [(i, digest(data)) for i, data in _chunks(src, indices, chunk)]
 
 
 def _read_compress(src: Data, indices: list[int], chunk: int, level: int) -> list[bytes]:
     compressor = zstandard.ZstdCompressor(level=level)
-    with _reader(src) as read:
-        return [compressor.compress(read(index * chunk, chunk)) for index in indices]
+    return [compressor.compress(data) for _, data in _chunks(src, indices, chunk)]
 
 
 class ChunkStore:
@@ -192,7 +195,8 @@ class ChunkStore:
         else:
             todo, chunks = path.data_chunks(chunk_size), {}
         todo = todo[todo * chunk_size < size]
-        batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
+        per = max(BATCH, -(-len(todo) // HASH_THREADS))
+        batches = [todo[i:i + per] for i in range(0, len(todo), per)]
         for result in await asyncio.gather(*(asyncio.to_thread(_read_hash, path, b, chunk_size,
                                                                memo)
                                              for b in batches)):

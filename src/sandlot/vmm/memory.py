@@ -17,6 +17,7 @@ import concurrent.futures
 import ctypes
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,15 +307,33 @@ class Patched:
         self._fd = (os.open(delta.region.base, os.O_RDONLY)
                     if delta.region.base is not None else None)
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """The bytes at `offset` (a page boundary): a view of the buffer where every page of
+        the range changed (valid until `close`), else a copy."""
         length = max(0, min(length, self.size - offset))
         if offset % PAGE:
             raise ValueError("reads start at a page")
         first, count = offset // PAGE, -(-length // PAGE)
+        lo, hi = (int(x) for x in np.searchsorted(self.delta.pages, [first, first + count]))
+        return self._read(offset, length, lo, hi)
+
+    def read_many(self, offsets: np.ndarray, length: int) -> Iterator[bytes | memoryview]:
+        """`read(offset, length)` of each offset (ascending page boundaries)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        firsts = offsets // PAGE
+        bounds = np.searchsorted(self.delta.pages, np.concatenate(
+            [firsts, firsts + -(-length // PAGE)]))
+        his = bounds[len(offsets):]
+        for k, offset in enumerate(offsets.tolist()):
+            yield self._read(offset, max(0, min(length, self.size - offset)), int(bounds[k]),
+                             int(his[k]))
+
+    def _read(self, offset: int, length: int, lo: int, hi: int) -> bytes | memoryview:
+        """Pages lo:hi of the delta are the changed ones in the range."""
+        first, count = offset // PAGE, -(-length // PAGE)
         pages, data = self.delta.pages, self.delta.data
-        lo, hi = (int(x) for x in np.searchsorted(pages, [first, first + count]))
         if hi - lo == count:  # every page of the range changed: one slice of the buffer
-            return bytes(data[lo * PAGE: lo * PAGE + length])
+            return data[lo * PAGE: lo * PAGE + length]
         buf = bytearray(length)
         if self._fd is not None:
             os.preadv(self._fd, [buf], offset)  # short at the end of the base: zeros stay
@@ -327,7 +346,7 @@ class Patched:
             end = min(at + (j - i) * PAGE, length)
             buf[at:end] = data[i * PAGE: i * PAGE + end - at]
             i = j
-        return bytes(buf)
+        return buf
 
     def data_chunks(self, chunk: int) -> np.ndarray:
         """Indices of the `chunk`-byte chunks that may hold data (the rest are zeros)."""
