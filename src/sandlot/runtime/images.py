@@ -20,6 +20,7 @@ import json
 import logging
 import shutil
 from collections import OrderedDict
+from collections.abc import Awaitable
 from pathlib import Path
 
 from sandlot.config import Settings
@@ -92,14 +93,17 @@ class ImageStore:
 
     async def put(self, image: Image, files: dict[str, Data],
                   changed: dict[str, list[tuple[int, int]]], meta: dict,
-                  related: list[str], memo: DigestMemo | None = None) -> Stored:
+                  related: list[str], memo: DigestMemo | None = None,
+                  ready: dict[str, Awaitable] | None = None) -> Stored:
         """Store a captured image. `related`: images it came from, nearest first (its
         source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
         may differ from the first of them. A file is a path or its contents (a capture's RAM
-        before its file is written)."""
+        before its file is written); `ready`: per file, what to wait for before reading it."""
         known = await self._first(related)
         base = known[0] if known and image.key != known[0].key else None
-        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None)
+        ready = ready or {}
+        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None,
+                             ready.get(n))
                    for n, p in files.items()}
         manifest, added = await self.store.put(
             image.key, "template" if image.is_template else "snapshot", sources,

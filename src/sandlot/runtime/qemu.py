@@ -92,6 +92,7 @@ class _Capture:
     vm: QemuVm | None = None
     pending: vmm_snapshot.PendingRam | None = None  # RAM files not written yet
     filled: Callable[[], None] | None = None  # lets restores from the entry go on
+    flatten: asyncio.Task | None = None  # the disk file, being written
     stored: bool = False
 
 
@@ -494,9 +495,18 @@ class QemuRuntime(Runtime):
                     log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
 
             t = time.monotonic()
-            await asyncio.gather(clock(), vm.disks.flatten_frozen(lease.path("disk")))
+            flatten = None
+            if result is not None and result.pending is not None:
+                # Flattened while the upload hashes the RAM (it waits for the disk; the
+                # entry is made ready after both).
+                flatten = self._spawn(vm.disks.flatten_frozen(lease.path("disk")))
+                vm.flattening = flatten
+                await clock()
+            else:  # a fork's children restore from its disk at once
+                await asyncio.gather(clock(), vm.disks.flatten_frozen(lease.path("disk")))
+                if result is not None:
+                    result.phases_ms["flatten"] = (time.monotonic() - t) * 1000
             if result is not None:
-                result.phases_ms["flatten"] = (time.monotonic() - t) * 1000
                 changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
                 log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
                          "restore", key, vm.id, pause_ms,
@@ -506,6 +516,7 @@ class QemuRuntime(Runtime):
                 self.cache.mark_ready(key)
             self.cache.evict()
         except BaseException:
+            await self._flattened(vm)
             if result is not None and result.pending is not None:
                 result.pending.close()
             lease.release()
@@ -519,7 +530,8 @@ class QemuRuntime(Runtime):
         changed = {} if vm.booted else {name: _byte_ranges(pages)
                                         for name, pages in changed_pages.items()}
         self._captures[key] = _Capture(lease, related, changed, vm,
-                                       result.pending if result is not None else None, filled)
+                                       result.pending if result is not None else None, filled,
+                                       flatten)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
         machine = describe(vm.machine.spec, vm.cpus)
@@ -528,8 +540,20 @@ class QemuRuntime(Runtime):
         return Captured(image=image, pause_ms=pause_ms,
                         total_ms=(time.monotonic() - t0) * 1000)
 
+    @staticmethod
+    async def _flattened(vm: QemuVm) -> None:
+        """Wait for a capture's disk to be flattened from the frozen layer (whatever the
+        outcome: its capture's upload reports a failure)."""
+        flattening = vm.flattening
+        if flattening is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(flattening)
+            if vm.flattening is flattening:
+                vm.flattening = None
+
     async def _compact(self, vm: QemuVm) -> None:
         """Merge a frozen disk layer into the VM's top one (call with `vm.lock` held)."""
+        await self._flattened(vm)
         if vm.disks.frozen is None or vm.machine.exited:
             return
         try:
@@ -548,6 +572,8 @@ class QemuRuntime(Runtime):
         if held.pending is not None:  # the RAM from the capture's buffer: no file yet
             files = self.cache.paths(key, dimm="dimm" in held.pending.files)
             files |= held.pending.files
+        # The disk is hashed once flattened (after the RAM, so its flattening overlaps).
+        ready = {"disk": held.flatten} if held.flatten is not None else {}
         # What the VM's last snapshot hashed: most of what it changed since its restore is
         # unchanged since then.
         vm = held.vm
@@ -555,7 +581,7 @@ class QemuRuntime(Runtime):
         if vm is not None and DigestMemo.available():
             memo = DigestMemo(self._memos.get(vm.id))
         stored = await self.store.put(captured.image, files, held.changed, meta, held.related,
-                                      memo)
+                                      memo, ready)
         if memo is not None and vm is not None and not vm.machine.exited:
             self._memos[vm.id] = memo.seen
         held.stored = True
@@ -615,6 +641,7 @@ class QemuRuntime(Runtime):
     async def kill(self, vm: Vm) -> None:
         assert isinstance(vm, QemuVm)
         self._memos.pop(vm.id, None)
+        await self._flattened(vm)  # it reads the frozen layer, which goes with the VM
         with contextlib.suppress(Exception):
             await vm.agent.close()
         await vm.machine.kill()

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class Source:
 
     path: Data
     changed: list[tuple[int, int]] | None = None
+    ready: Awaitable | None = None  # the file is complete once this is done (files in order)
 
 
 def manifest_key(key: str) -> str:
@@ -75,6 +77,8 @@ class Store:
         t0 = time.monotonic()
         fms: dict[str, FileManifest] = {}
         for name, src in files.items():
+            if src.ready is not None:
+                await src.ready
             fms[name] = await self.chunks.hash_file(
                 src.path, base.files.get(name) if base else None,
                 src.changed if base else None, self.chunk_size, memo)
