@@ -562,8 +562,14 @@ class QemuRuntime(Runtime):
             log.warning("disk chain of %s not compacted: %s", vm.id, e)
 
     async def _compact_locked(self, vm: QemuVm) -> None:
+        """After a capture: merge its frozen layer, and make the next capture's overlay."""
         async with vm.lock:
             await self._compact(vm)
+            if vm.disks.frozen is None and not vm.machine.exited:
+                try:
+                    await vm.disks.prepare_next()
+                except (SandlotError, OSError) as e:
+                    log.warning("next overlay of %s not made ahead: %s", vm.id, e)
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         key = captured.image.key
