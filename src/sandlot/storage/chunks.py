@@ -1,6 +1,6 @@
 """Content-addressed chunks: files cut at fixed offsets, each chunk stored once.
 
-A chunk is zstd-compressed and stored under the SHA-256 of its uncompressed bytes
+A chunk is zstd-compressed (level 1) and stored under the SHA-256 of its uncompressed bytes
 (``chunks/ab/abcd...``), so identical chunks of any file of any image (a snapshot and its
 template, two snapshots of one sandbox) are kept once. All-zero chunks are not stored (holes).
 
@@ -41,6 +41,9 @@ HASH_THREADS = 2  # more only contend for the GIL (reads, copies) and two cores
 PARALLEL = 16  # object store requests in flight
 UPLOAD_BATCH = 16  # chunks compressed and put together (one thread, one fsync of each dir)
 UPLOAD_BATCHES = 4  # batches under way at once
+# zstd level 1: on guest RAM ~4x faster than level 3 here, for ~5% more bytes (0.244 of the
+# raw size against 0.233); a snapshot's new chunks are compressed before it is ready.
+LEVEL = 1
 
 
 class Readable(Protocol):
@@ -171,7 +174,8 @@ def _read_compress(src: Data, indices: list[int], chunk: int, level: int) -> lis
 
 
 class ChunkStore:
-    def __init__(self, objects: ObjectStore, level: int = 3, parallel: int = PARALLEL) -> None:
+    def __init__(self, objects: ObjectStore, level: int = LEVEL, parallel: int = PARALLEL
+                 ) -> None:
         self.objects = objects
         self.level = level
         self._slots = asyncio.Semaphore(parallel)
