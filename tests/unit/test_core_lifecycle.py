@@ -284,3 +284,25 @@ async def test_a_filesystem_only_snapshot_restores_by_booting(api) -> None:
     assert r.status_code == 200, r.text
     r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"})
     assert r.content == b"v1" and api.srv.runtime.vms[sid].booted
+
+
+async def test_a_capture_whose_record_cannot_be_saved_is_released(api, monkeypatch) -> None:
+    """A capture done but its snapshot's record not saved: the snapshot fails and the
+    capture's hold (its buffer and cache entry, on QEMU) is released, not kept forever."""
+    from sandlot.core.snapshots import SnapshotManager
+    from sandlot.errors import StorageError
+
+    save = SnapshotManager._save
+
+    async def failing(self, rec) -> None:
+        if rec.state == SnapshotState.UPLOADING:
+            raise StorageError("metadata store unreachable")
+        await save(self, rec)
+
+    monkeypatch.setattr(SnapshotManager, "_save", failing)
+    sid = (await create(api))["sandbox_id"]
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
+    assert r.status_code == 201, r.text
+    r = await api.post(f"/v1/snapshots/{r.json()['snapshot_id']}/wait", params={"timeout": 5})
+    assert r.json()["state"] == "failed" and "unreachable" in r.json()["error"]
+    assert api.srv.runtime.captures == {}

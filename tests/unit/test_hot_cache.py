@@ -4,6 +4,8 @@ again; one that running sandboxes still map is refused with a clear error."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sandlot.errors import StorageError
@@ -48,3 +50,40 @@ async def test_an_entry_from_before_identities_is_kept(tmp_path) -> None:
     (await cache.acquire("tpl-x", False, hydrator(calls, "x"), identity="build-1")).release()
     (await cache.acquire("tpl-x", False, hydrator(calls, "y"), identity="build-1")).release()
     assert calls == ["old"]
+
+
+async def test_a_restore_waits_for_an_entry_whose_files_are_being_written(tmp_path) -> None:
+    """A snapshot is ready before its RAM file is written (runtime/qemu.py): a restore from
+    the cache entry meanwhile waits for it, and never takes it for a broken one to fetch."""
+    cache = HotCache(tmp_path / "hot")
+    calls: list[str] = []
+    capture = cache.create("snap-a", persistent=True)
+    filled = await cache.filling("snap-a")
+    restore = asyncio.create_task(cache.acquire("snap-a", False, hydrator(calls, "store")))
+    await asyncio.sleep(0.05)
+    assert not restore.done()
+    for path in cache.paths("snap-a").values():
+        path.write_text("captured")
+    cache.mark_ready("snap-a")
+    filled()
+    filled()  # once or more
+    lease = await asyncio.wait_for(restore, 5)
+    assert calls == [] and lease.files()["ram"].read_text() == "captured"
+    lease.release()
+    capture.release()
+
+
+async def test_an_entry_whose_files_could_not_be_written_is_fetched(tmp_path) -> None:
+    cache = HotCache(tmp_path / "hot")
+    calls: list[str] = []
+    capture = cache.create("snap-a", persistent=True)
+    filled = await cache.filling("snap-a")
+    restore = asyncio.create_task(cache.acquire("snap-a", False, hydrator(calls, "store")))
+    await asyncio.sleep(0.05)
+    cache.paths("snap-a")["ram"].write_text("half")
+    cache.remove("snap-a")  # the write failed
+    filled()
+    capture.release()
+    lease = await asyncio.wait_for(restore, 5)
+    assert calls == ["store"] and lease.files()["ram"].read_text() == "store"
+    lease.release()

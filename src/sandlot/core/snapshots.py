@@ -262,7 +262,9 @@ class SnapshotManager:
 
     async def capture(self, live: LiveSandbox, rec: SnapshotRecord) -> Captured:
         """The sandbox's memory, devices and disk, while it runs (a pause of milliseconds),
-        or its disk alone (`rec.memory` false). Call with `live.lock` held."""
+        or its disk alone (`rec.memory` false). Call with `live.lock` held. On failure the
+        capture's hold is released here (its buffer, its cache entry)."""
+        captured = None
         try:
             # A pause's disk holds what the guest wrote, for a resume that reboots from it.
             captured = await self.runtime.capture(live.vm, rec.snapshot_id, memory=rec.memory,
@@ -273,6 +275,8 @@ class SnapshotManager:
             transition(rec, SnapshotState.UPLOADING)
             await self._save(rec)
         except BaseException as e:
+            if captured is not None:  # never uploaded: nobody else releases it
+                self.runtime.release(rec.snapshot_id)
             await self._fail(rec, e)
             raise
         return captured

@@ -142,6 +142,21 @@ class HotCache:
         self._write_entry(key, persistent=persistent, memory=memory)
         return self._hold(key)
 
+    async def filling(self, key: str) -> Callable[[], None]:
+        """Make `acquire(key)` wait (its files are still being written) until the returned
+        function is called (once or more). Call right after `create`."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        await lock.acquire()
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                lock.release()
+
+        return release
+
     def adopt(self, key: str) -> Lease | None:
         """After a restart: a lease on an entry a surviving VM maps."""
         if not self.dir(key).is_dir():

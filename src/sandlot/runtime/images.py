@@ -20,11 +20,13 @@ import json
 import logging
 import shutil
 from collections import OrderedDict
+from collections.abc import Awaitable
 from pathlib import Path
 
 from sandlot.config import Settings
 from sandlot.errors import NotFoundError
 from sandlot.runtime.base import Image, Stored
+from sandlot.storage.chunks import Data, DigestMemo
 from sandlot.storage.manifest import Manifest
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Source, Store
@@ -89,20 +91,24 @@ class ImageStore:
                 continue
         return out
 
-    async def put(self, image: Image, files: dict[str, Path],
+    async def put(self, image: Image, files: dict[str, Data],
                   changed: dict[str, list[tuple[int, int]]], meta: dict,
-                  related: list[str]) -> Stored:
+                  related: list[str], memo: DigestMemo | None = None,
+                  ready: dict[str, Awaitable] | None = None) -> Stored:
         """Store a captured image. `related`: images it came from, nearest first (its
         source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
-        may differ from the first of them."""
+        may differ from the first of them. A file is a path or its contents (a capture's RAM
+        before its file is written); `ready`: per file, what to wait for before reading it."""
         known = await self._first(related)
         base = known[0] if known and image.key != known[0].key else None
-        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None)
+        ready = ready or {}
+        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None,
+                             ready.get(n))
                    for n, p in files.items()}
         manifest, added = await self.store.put(
             image.key, "template" if image.is_template else "snapshot", sources,
             image.machine.to_dict(), {**meta, "build": image.build}, base=base,
-            known=known[1:])
+            known=known[1:], memo=memo)
         self._manifests[image.key] = manifest
         return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
 

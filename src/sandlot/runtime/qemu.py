@@ -52,6 +52,7 @@ from sandlot.runtime.network import Networking
 from sandlot.runtime.pool import WarmPool
 from sandlot.runtime.qemu_vm import QemuVm, load_state
 from sandlot.runtime.usage import vm_usage
+from sandlot.storage.chunks import DigestMemo
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.description import MachineDescription
@@ -88,6 +89,11 @@ class _Capture:
     lease: Lease
     related: list[str]
     changed: dict[str, list[tuple[int, int]]]
+    vm: QemuVm | None = None
+    pending: vmm_snapshot.PendingRam | None = None  # RAM files not written yet
+    filled: Callable[[], None] | None = None  # lets restores from the entry go on
+    flatten: asyncio.Task | None = None  # the disk file, being written
+    stored: bool = False
 
 
 def _byte_ranges(pages) -> list[tuple[int, int]]:
@@ -131,6 +137,7 @@ class QemuRuntime(Runtime):
         self.store = ImageStore(settings)
         self._restore_slots = asyncio.Semaphore(PARALLEL_RESTORES)
         self._captures: dict[str, _Capture] = {}
+        self._memos: dict[str, dict[bytes, str]] = {}  # VM id -> its last snapshot's digests
         self._tasks: set[asyncio.Task] = set()
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
@@ -444,6 +451,11 @@ class QemuRuntime(Runtime):
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
                       memory: bool = True, sync: bool = False) -> Captured:
+        """A persistent capture's RAM files are written after its upload (`release`): the
+        upload reads the RAM from the capture's buffer and the source's file, so a snapshot
+        is ready without waiting for them. Until they are written the cache entry is not
+        ready and restores from it wait (`HotCache.filling`). A fork's children restore from
+        its files at once: they are written before this returns."""
         assert isinstance(vm, QemuVm)
         if memory:
             self.reserve.check_capture(vm.memory_mb)
@@ -451,7 +463,9 @@ class QemuRuntime(Runtime):
             self.reserve.check_vm(0)  # disk room for the image's disk
         t0 = time.monotonic()
         lease = self.cache.create(key, persistent, memory=memory)
+        filled = await self.cache.filling(key) if persistent and memory else None
         self._vm_paths()
+        result = None
         try:
             if not memory:  # the disk is all it keeps: what the guest wrote must be on it
                 await _sync_guest(vm, SYNC_TIMEOUT)
@@ -467,36 +481,61 @@ class QemuRuntime(Runtime):
                                    "before the snapshot")
                 if memory:
                     result = await vmm_snapshot.capture(vm.machine, vm.disks,
-                                                        self.cache.dir(key))
+                                                        self.cache.dir(key),
+                                                        defer_ram=persistent)
                     pause_ms, changed_pages = result.pause_ms, result.changed
                 else:
                     await vmm_snapshot.freeze_disk(vm.machine, vm.disks)
                     pause_ms, changed_pages = 0.0, {}
                 vm.save()
-            if memory:
-                changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
-                log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
-                         "restore", key, vm.id, pause_ms,
-                         ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
-                         changed_mib)
+
+            async def clock() -> None:
+                if not memory:
+                    return
                 # The guest's clock stood still during the pause: bring it back to the host's.
                 try:
                     await (await vm.guest()).sync_clock()
                 except SandlotError as e:
                     log.warning("clock resync after a capture of %s failed: %s", vm.id, e)
-            await vm.disks.flatten_frozen(lease.path("disk"))
-            self.cache.mark_ready(key)
+
+            t = time.monotonic()
+            flatten = None
+            if result is not None and result.pending is not None:
+                # Flattened while the upload hashes the RAM (it waits for the disk; the
+                # entry is made ready after both).
+                flatten = self._spawn(vm.disks.flatten_frozen(lease.path("disk")))
+                vm.flattening = flatten
+                await clock()
+            else:  # a fork's children restore from its disk at once
+                await asyncio.gather(clock(), vm.disks.flatten_frozen(lease.path("disk")))
+                if result is not None:
+                    result.phases_ms["flatten"] = (time.monotonic() - t) * 1000
+            if result is not None:
+                changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
+                log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
+                         "restore", key, vm.id, pause_ms,
+                         ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
+                         changed_mib)
+            if result is None or result.pending is None:
+                self.cache.mark_ready(key)
             self.cache.evict()
         except BaseException:
+            await self._flattened(vm)
+            if result is not None and result.pending is not None:
+                result.pending.close()
             lease.release()
             self.cache.remove(key)
+            if filled is not None:
+                filled()
             raise
         related = [vm.image.key] + ([vm.last_capture] if vm.last_capture else [])
         # Pages changed relative to the image the VM maps; a booted VM maps none (all its
         # RAM is its own), so its files are hashed whole.
         changed = {} if vm.booted else {name: _byte_ranges(pages)
                                         for name, pages in changed_pages.items()}
-        self._captures[key] = _Capture(lease, related, changed)
+        self._captures[key] = _Capture(lease, related, changed, vm,
+                                       result.pending if result is not None else None, filled,
+                                       flatten)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
         machine = describe(vm.machine.spec, vm.cpus)
@@ -505,8 +544,20 @@ class QemuRuntime(Runtime):
         return Captured(image=image, pause_ms=pause_ms,
                         total_ms=(time.monotonic() - t0) * 1000)
 
+    @staticmethod
+    async def _flattened(vm: QemuVm) -> None:
+        """Wait for a capture's disk to be flattened from the frozen layer (whatever the
+        outcome: its capture's upload reports a failure)."""
+        flattening = vm.flattening
+        if flattening is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(flattening)
+            if vm.flattening is flattening:
+                vm.flattening = None
+
     async def _compact(self, vm: QemuVm) -> None:
         """Merge a frozen disk layer into the VM's top one (call with `vm.lock` held)."""
+        await self._flattened(vm)
         if vm.disks.frozen is None or vm.machine.exited:
             return
         try:
@@ -515,22 +566,81 @@ class QemuRuntime(Runtime):
             log.warning("disk chain of %s not compacted: %s", vm.id, e)
 
     async def _compact_locked(self, vm: QemuVm) -> None:
+        """After a capture: merge its frozen layer, and make the next capture's overlay."""
         async with vm.lock:
             await self._compact(vm)
+            if vm.disks.frozen is None and not vm.machine.exited:
+                try:
+                    await vm.disks.prepare_next()
+                except (SandlotError, OSError) as e:
+                    log.warning("next overlay of %s not made ahead: %s", vm.id, e)
 
     async def persist(self, captured: Captured, meta: dict) -> Stored:
         key = captured.image.key
         held = self._captures[key]
-        return await self.store.put(captured.image, self.cache.paths(key), held.changed, meta,
-                                    held.related)
+        files: dict = self.cache.paths(key)
+        if held.pending is not None:  # the RAM from the capture's buffer: no file yet
+            files = self.cache.paths(key, dimm="dimm" in held.pending.files)
+            files |= held.pending.files
+        # The disk is hashed once flattened (after the RAM, so its flattening overlaps).
+        ready = {"disk": held.flatten} if held.flatten is not None else {}
+        # What the VM's last snapshot hashed: most of what it changed since its restore is
+        # unchanged since then.
+        vm = held.vm
+        memo = None
+        if vm is not None and DigestMemo.available():
+            memo = DigestMemo(self._memos.get(vm.id))
+        stored = await self.store.put(captured.image, files, held.changed, meta, held.related,
+                                      memo, ready)
+        if memo is not None and vm is not None and not vm.machine.exited:
+            self._memos[vm.id] = memo.seen
+        held.stored = True
+        return stored
 
     async def stored_meta(self, key: str) -> dict:
         return dict((await self.store.manifest(key)).meta)
 
     def release(self, key: str) -> None:
         held = self._captures.pop(key, None)
-        if held is not None:
-            held.lease.release()
+        if held is None:
+            return
+        if held.pending is not None and held.stored:
+            self._write_ram(key, held)  # holds the lease until the files are written
+            return
+        if held.pending is not None:  # never stored: nothing will restore from it here
+            held.pending.close()
+        if held.filled is not None:
+            held.filled()
+        held.lease.release()
+
+    def _write_ram(self, key: str, held: _Capture) -> None:
+        """Write a stored capture's RAM files in a thread, then make its cache entry ready
+        (restores from it wait until then); on failure the entry goes (a restore fetches
+        it from the store)."""
+        assert held.pending is not None and held.filled is not None
+        pending, filled = held.pending, held.filled
+        started = time.monotonic()
+
+        def done(future: asyncio.Future) -> None:
+            try:
+                error = future.exception() if not future.cancelled() else "cancelled"
+                if error is None:
+                    self.cache.mark_ready(key)
+                    log.info("wrote the RAM files of %s in %.1f ms", key,
+                             (time.monotonic() - started) * 1000)
+                else:
+                    raise VmmError(str(error))
+            except Exception as e:  # noqa: BLE001 - the store has the image: fetched if wanted
+                log.warning("writing the RAM files of %s failed (%s): a restore fetches them "
+                            "from the store", key, e)
+                self.cache.remove(key)
+            finally:
+                filled()
+                held.lease.release()
+                pending.close()
+
+        future = asyncio.get_running_loop().run_in_executor(None, pending.write)
+        future.add_done_callback(done)
 
     async def discard(self, key: str) -> None:
         await self.store.delete(key)
@@ -540,6 +650,8 @@ class QemuRuntime(Runtime):
 
     async def kill(self, vm: Vm) -> None:
         assert isinstance(vm, QemuVm)
+        self._memos.pop(vm.id, None)
+        await self._flattened(vm)  # it reads the frozen layer, which goes with the VM
         with contextlib.suppress(Exception):
             await vm.agent.close()
         await vm.machine.kill()

@@ -36,6 +36,9 @@ class QemuVm(Vm):
     last_capture: str | None = None  # the last image captured of it (stored ones only)
     booted: bool = False  # booted from its image's disk: its RAM is its own (anonymous)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # captures and disk merges
+    # A stored capture's disk, flattened from the frozen layer while its RAM is hashed:
+    # the frozen layer is merged or removed only after it.
+    flattening: asyncio.Task | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int | None:

@@ -57,11 +57,39 @@ class ObjectStore(abc.ABC):
     async def exists(self, key: str) -> bool:
         return await self.head(key) is not None
 
+    async def put_many(self, items: list[tuple[str, bytes]], parallel: int = 4) -> None:
+        """`put` each (key, data), `parallel` at a time; all are durable when it returns."""
+        slots = asyncio.Semaphore(parallel)
+
+        async def one(key: str, data: bytes) -> None:
+            async with slots:
+                await self.put(key, data)
+
+        await asyncio.gather(*(one(k, d) for k, d in items))
+
+    async def existing(self, keys: list[str], parallel: int = 16) -> set[str]:
+        """Which of `keys` there are objects under (looked up `parallel` at a time)."""
+        slots = asyncio.Semaphore(parallel)
+
+        async def one(key: str) -> str | None:
+            async with slots:
+                return key if await self.head(key) is not None else None
+
+        return {k for k in await asyncio.gather(*(one(k) for k in keys)) if k is not None}
+
 
 def _check_key(key: str) -> str:
     if not key or key.startswith("/") or ".." in key.split("/"):
         raise InvalidArgumentError(f"bad object key {key!r}")
     return key
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class LocalObjectStore(ObjectStore):
@@ -82,7 +110,7 @@ class LocalObjectStore(ObjectStore):
         await asyncio.to_thread(self._put, self._path(key), data)
 
     @staticmethod
-    def _put(path: Path, data: bytes) -> None:
+    def _put(path: Path, data: bytes, sync_dir: bool = True) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,14 +119,28 @@ class LocalObjectStore(ObjectStore):
                 f.flush()
                 os.fsync(f.fileno())
             tmp.replace(path)
-            fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if sync_dir:
+                _fsync_dir(path.parent)
         except OSError as e:
             tmp.unlink(missing_ok=True)  # a full disk must not keep the partial write
             raise StorageError(f"writing {path}: {e.strerror or e}", cause=e) from e
+
+    async def put_many(self, items: list[tuple[str, bytes]], parallel: int = 4) -> None:
+        """In one thread: each object written and fsynced, renamed into place; then each
+        directory they went to fsynced once."""
+        paths = [(self._path(key), data) for key, data in items]
+        await asyncio.to_thread(self._put_many, paths)
+
+    def _put_many(self, items: list[tuple[Path, bytes]]) -> None:
+        dirs = set()
+        for path, data in items:
+            self._put(path, data, sync_dir=False)
+            dirs.add(path.parent)
+        for d in dirs:
+            try:
+                _fsync_dir(d)
+            except OSError as e:
+                raise StorageError(f"writing {d}: {e.strerror or e}", cause=e) from e
 
     async def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -115,6 +157,10 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             return None
         return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    async def existing(self, keys: list[str], parallel: int = 16) -> set[str]:
+        paths = [(key, self._path(key)) for key in keys]  # checked here, in the loop
+        return await asyncio.to_thread(lambda: {k for k, p in paths if p.exists()})
 
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

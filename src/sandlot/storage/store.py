@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, StorageError
-from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore
+from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore, Data, DigestMemo
 from sandlot.storage.manifest import FileManifest, Manifest
 from sandlot.storage.objects import ObjectStore
 
@@ -34,14 +36,17 @@ MANIFESTS = "manifests/"
 PENDING = "pending/"
 TOMBSTONES = "tombstones/"
 TEMPLATES = "index/templates/"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Source:
-    """A file to store: with `changed` (byte ranges), everything else equals the base's."""
+    """A file to store (or its contents, `chunks.Readable`): with `changed` (byte ranges),
+    everything else equals the base's."""
 
-    path: Path
+    path: Data
     changed: list[tuple[int, int]] | None = None
+    ready: Awaitable | None = None  # the file is complete once this is done (files in order)
 
 
 def manifest_key(key: str) -> str:
@@ -62,18 +67,26 @@ class Store:
 
     async def put(self, key: str, kind: str, files: dict[str, Source], machine: dict,
                   meta: dict, base: Manifest | None = None,
-                  known: list[Manifest] = ()) -> tuple[Manifest, int]:
+                  known: list[Manifest] = (),
+                  memo: DigestMemo | None = None) -> tuple[Manifest, int]:
         """Store an image; (its manifest, the compressed bytes it added to the store).
 
         `base`: an earlier version of these files (a file's `changed` ranges are relative to
         it); `known`: other images whose chunks need not be looked up (a snapshot's template,
-        the sandbox's previous snapshot)."""
+        the sandbox's previous snapshot); `memo`: digests of chunks hashed before."""
+        t0 = time.monotonic()
         fms: dict[str, FileManifest] = {}
         for name, src in files.items():
+            if src.ready is not None:
+                await src.ready
             fms[name] = await self.chunks.hash_file(
                 src.path, base.files.get(name) if base else None,
-                src.changed if base else None, self.chunk_size)
+                src.changed if base else None, self.chunk_size, memo)
         manifest = Manifest(key=key, kind=kind, files=fms, machine=machine, meta=meta)
+        phases = {"hash": (time.monotonic() - t0) * 1000}
+        hashed = "" if memo is None else (
+            f"; {len(memo.seen) - memo.reused} of {len(memo.seen)} chunks hashed with SHA-256")
+        t0 = time.monotonic()
         pending = f"{PENDING}{key}.{secrets.token_hex(4)}.json"
         await self.objects.put(pending, json.dumps(
             {"key": key, "at": time.time(), "digests": sorted(manifest.digests)}).encode())
@@ -84,6 +97,8 @@ class Store:
                     present |= other.digests  # referenced by a live manifest, and by our record
             tombstoned = {o.key.rsplit("/", 1)[1]
                           for o in await self.objects.list(TOMBSTONES)}
+            phases["lookup"] = (time.monotonic() - t0) * 1000
+            t0 = time.monotonic()
             added = 0
             for name, src in files.items():
                 result = await self.chunks.upload(src.path, fms[name], present - tombstoned,
@@ -91,9 +106,14 @@ class Store:
                 added += result.added_bytes
             for digest in tombstoned & manifest.digests:
                 await self.objects.delete(TOMBSTONES + digest)
+            phases["upload"] = (time.monotonic() - t0) * 1000
+            t0 = time.monotonic()
             await self.objects.put(manifest_key(key), manifest.dumps())
         finally:
             await self.objects.delete(pending)
+        phases["manifest"] = (time.monotonic() - t0) * 1000
+        log.info("stored %s: %.1f MiB added (%s ms%s)", key, added / 2**20,
+                 ", ".join(f"{k} {v:.1f}" for k, v in phases.items()), hashed)
         return manifest, added
 
     async def manifest(self, key: str) -> Manifest:

@@ -167,12 +167,37 @@ class DiskChain:
 
     # ---- capture: open_next before the pause, stack_next in it -------------------------
 
+    def _spare(self) -> Path:
+        """Where `prepare_next` leaves the next overlay (named for the top it goes on)."""
+        return self.dir / f"spare-{self.index + 1}-{self.size}.qcow2"
+
+    async def prepare_next(self) -> None:
+        """Make the next capture's overlay file ahead of it (its `open_next` then only
+        opens it, with no qemu-img to run)."""
+        spare = self._spare()
+        for old in self.dir.glob("spare-*"):
+            if old != spare:
+                old.unlink(missing_ok=True)
+        if spare.exists():
+            return
+        tmp = spare.with_name(spare.name + ".tmp")
+        try:
+            await create_overlay(tmp, self.top, "qcow2", self.size)
+            self._own(tmp)
+            tmp.replace(spare)
+        finally:
+            tmp.unlink(missing_ok=True)
+
     async def open_next(self, machine) -> None:
-        """Create and open the next overlay (not yet in the chain), so the pause only stacks
-        it. Its backing is the current top, which it will freeze."""
+        """Create (or take `prepare_next`'s) and open the next overlay (not yet in the
+        chain), so the pause only stacks it. Its backing is the current top, which it will
+        freeze."""
         path = self.dir / f"disk-{self.index + 1}.qcow2"
         node = f"ov{self.index + 1}"
-        await create_overlay(path, self.top, "qcow2", self.size)
+        try:
+            self._spare().replace(path)
+        except FileNotFoundError:
+            await create_overlay(path, self.top, "qcow2", self.size)
         try:
             self._own(path)
             await machine.execute("blockdev-add", {

@@ -17,6 +17,7 @@ import concurrent.futures
 import ctypes
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,8 +135,11 @@ class PageBuffer:
 
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
-            self._map = None
+            mapped, self._map = self._map, None
+            try:
+                mapped.close()
+            except BufferError:  # a view of it lives on (in a traceback): unmapped with it
+                pass
 
 
 @dataclass
@@ -153,79 +157,123 @@ class Delta:
 
 def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer: PageBuffer,
                threads: int = 2) -> list[Delta]:
-    """Copy the given pages out of process `pid` (stopped) into `buffer`, in parallel."""
+    """Copy the given pages out of process `pid` (stopped) into `buffer`, in `threads`
+    threads that each copy an equal share of the bytes (a run of pages is cut where a share
+    ends: one run often holds most of what changed)."""
     total = sum(len(p) for _, p in regions_pages)
     buffer._grow(total)
     base = buffer.address
-    iovecs = []  # (local, remote) iovec arrays of at most _IOV_MAX entries
+    local_parts, remote_parts, length_parts = [], [], []
     deltas = []
     offset = 0
     for region, pages in regions_pages:
         r = runs(pages)
-        local = np.empty((len(r), 2), dtype=np.uint64)
-        remote = np.empty((len(r), 2), dtype=np.uint64)
         lengths = r[:, 1] * PAGE
-        local[:, 0] = base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        local[:, 1] = lengths
-        remote[:, 0] = region.start + r[:, 0] * PAGE
-        remote[:, 1] = lengths
-        # Batches of at most _IOV_MAX runs, and at least `threads` of them when there is
-        # enough to copy (the VM is stopped: its cores are free).
-        per = max(1, min(_IOV_MAX, -(-len(r) // threads) if len(pages) > 256 else _IOV_MAX))
-        for i in range(0, len(r), per):
-            iovecs.append((local[i:i + per], remote[i:i + per]))
+        local_parts.append(base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        remote_parts.append(region.start + r[:, 0] * PAGE)
+        length_parts.append(lengths)
         view = buffer.view(total)
         deltas.append(Delta(region, pages, view[offset: offset + len(pages) * PAGE]))
         view.release()
         offset += len(pages) * PAGE
+    shares = _shares(np.concatenate(local_parts).astype(np.int64),
+                     np.concatenate(remote_parts).astype(np.int64),
+                     np.concatenate(length_parts).astype(np.int64),
+                     threads if total > 256 else 1)
 
-    def copy(pair) -> int:
-        local, remote = pair
-        want = int(local[:, 1].sum())
-        got = _libc.process_vm_readv(pid, local.ctypes.data, len(local), remote.ctypes.data,
-                                     len(remote), 0)
-        if got != want:
-            err = ctypes.get_errno()
-            raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
-                           f"({os.strerror(err) if got < 0 else 'short read'})")
-        return got
+    def copy(share: tuple[np.ndarray, np.ndarray]) -> None:
+        local, remote = share
+        for i in range(0, len(local), _IOV_MAX):
+            lo, re = local[i:i + _IOV_MAX], remote[i:i + _IOV_MAX]
+            want = int(lo[:, 1].sum())
+            got = _libc.process_vm_readv(pid, lo.ctypes.data, len(lo), re.ctypes.data,
+                                         len(re), 0)
+            if got != want:
+                err = ctypes.get_errno()
+                raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
+                               f"({os.strerror(err) if got < 0 else 'short read'})")
 
-    if len(iovecs) <= 1 or threads <= 1:
-        for pair in iovecs:
-            copy(pair)
+    if len(shares) <= 1:
+        for share in shares:
+            copy(share)
     else:
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(copy, iovecs))
+        with concurrent.futures.ThreadPoolExecutor(len(shares)) as pool:
+            list(pool.map(copy, shares))
     return deltas
+
+
+def _shares(local: np.ndarray, remote: np.ndarray, lengths: np.ndarray, n: int
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Runs (local address, remote address, length) as `n` (local, remote) iovec arrays of
+    about equal bytes, cutting runs at page boundaries where a share ends."""
+    total = int(lengths.sum())
+    if total == 0:
+        return []
+    n = max(1, min(n, total // PAGE))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    cuts = [round(total * k / n / PAGE) * PAGE for k in range(1, n)]
+    out = []
+    lo = 0
+    for hi in cuts + [total]:
+        if hi <= lo:
+            continue
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(starts, hi, side="left"))  # runs [first, last) overlap
+        begin = np.maximum(lo - starts[first:last], 0)  # int64 (addresses < 2**47)
+        stop = np.minimum(lengths[first:last], hi - starts[first:last])
+        loc = np.empty((last - first, 2), dtype=np.uint64)
+        rem = np.empty((last - first, 2), dtype=np.uint64)
+        loc[:, 0] = local[first:last] + begin
+        rem[:, 0] = remote[first:last] + begin
+        loc[:, 1] = rem[:, 1] = stop - begin
+        out.append((loc, rem))
+        lo = hi
+    return out
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of each data extent of a sparse file (SEEK_DATA/SEEK_HOLE)."""
+    out = []
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:
+            break  # ENXIO: no data after offset
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        out.append((start, end))
+        offset = end
+    return out
 
 
 def copy_sparse(src: Path, dst: Path) -> None:
     """Copy `src`'s data extents to a new sparse `dst` of the same size."""
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        size = os.fstat(fin.fileno()).st_size
+    with open(src, "rb", buffering=0) as fin:
+        _copy_sparse_fd(fin.fileno(), dst, str(src))
+
+
+def _copy_sparse_fd(fd: int, dst: Path, what: str) -> None:
+    with open(dst, "wb", buffering=0) as fout:
+        size = os.fstat(fd).st_size
         fout.truncate(size)
         buf = bytearray(COPY_BUFFER)
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
-            except OSError:
-                break  # ENXIO: no data after offset
-            end = min(os.lseek(fin.fileno(), start, os.SEEK_HOLE), size)
+        for start, end in data_extents(fd, size):
             pos = start
             while pos < end:
-                n = os.preadv(fin.fileno(), [memoryview(buf)[: min(len(buf), end - pos)]], pos)
+                n = os.preadv(fd, [memoryview(buf)[: min(len(buf), end - pos)]], pos)
                 if n <= 0:
-                    raise VmmError(f"{src} changed while it was copied")
+                    raise VmmError(f"{what} changed while it was copied")
                 os.pwrite(fout.fileno(), memoryview(buf)[:n], pos)
                 pos += n
-            offset = end
 
 
-def write_image(delta: Delta, out: Path) -> None:
+def write_image(delta: Delta, out: Path, base_fd: int | None = None) -> None:
     """`out`: the region's base file (or zeros) with the delta's pages written over it; zero
-    pages become holes, so tmpfs holds only data."""
-    if delta.region.base is not None:
+    pages become holes, so tmpfs holds only data. `base_fd`: the base file, already open."""
+    if base_fd is not None:
+        _copy_sparse_fd(base_fd, out, str(delta.region.base))
+    elif delta.region.base is not None:
         copy_sparse(delta.region.base, out)
     else:
         with open(out, "wb") as f:
@@ -246,6 +294,79 @@ def write_image(delta: Delta, out: Path) -> None:
                     _punch(fd, first * PAGE, count * PAGE)
     finally:
         os.close(fd)
+
+
+class Patched:
+    """A region's new contents before (or without) its file: its base file (an open fd, so
+    that it stays readable whatever happens to its path) or zeros, with a delta's pages over
+    it. `read` serves any byte range, from any thread; `write` makes the file."""
+
+    def __init__(self, delta: Delta) -> None:
+        self.delta = delta
+        self.size = delta.region.size
+        self._fd = (os.open(delta.region.base, os.O_RDONLY)
+                    if delta.region.base is not None else None)
+
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """The bytes at `offset` (a page boundary): a view of the buffer where every page of
+        the range changed (valid until `close`), else a copy."""
+        length = max(0, min(length, self.size - offset))
+        if offset % PAGE:
+            raise ValueError("reads start at a page")
+        first, count = offset // PAGE, -(-length // PAGE)
+        lo, hi = (int(x) for x in np.searchsorted(self.delta.pages, [first, first + count]))
+        return self._read(offset, length, lo, hi)
+
+    def read_many(self, offsets: np.ndarray, length: int) -> Iterator[bytes | memoryview]:
+        """`read(offset, length)` of each offset (ascending page boundaries)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        firsts = offsets // PAGE
+        bounds = np.searchsorted(self.delta.pages, np.concatenate(
+            [firsts, firsts + -(-length // PAGE)]))
+        his = bounds[len(offsets):]
+        for k, offset in enumerate(offsets.tolist()):
+            yield self._read(offset, max(0, min(length, self.size - offset)), int(bounds[k]),
+                             int(his[k]))
+
+    def _read(self, offset: int, length: int, lo: int, hi: int) -> bytes | memoryview:
+        """Pages lo:hi of the delta are the changed ones in the range."""
+        first, count = offset // PAGE, -(-length // PAGE)
+        pages, data = self.delta.pages, self.delta.data
+        if hi - lo == count:  # every page of the range changed: one slice of the buffer
+            return data[lo * PAGE: lo * PAGE + length]
+        buf = bytearray(length)
+        if self._fd is not None:
+            os.preadv(self._fd, [buf], offset)  # short at the end of the base: zeros stay
+        i = lo
+        while i < hi:  # runs of consecutive pages are consecutive in the buffer too
+            j = i + 1
+            while j < hi and pages[j] == pages[j - 1] + 1:
+                j += 1
+            at = (int(pages[i]) - first) * PAGE
+            end = min(at + (j - i) * PAGE, length)
+            buf[at:end] = data[i * PAGE: i * PAGE + end - at]
+            i = j
+        return buf
+
+    def data_chunks(self, chunk: int) -> np.ndarray:
+        """Indices of the `chunk`-byte chunks that may hold data (the rest are zeros)."""
+        found = [self.delta.pages // (chunk // PAGE)]
+        if self._fd is not None:
+            found += [np.arange(start // chunk, (end - 1) // chunk + 1)
+                      for start, end in data_extents(self._fd, self.size)]
+        return np.unique(np.concatenate(found)).astype(np.int64)
+
+    def write(self, out: Path) -> None:
+        write_image(self.delta, out, self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            self.delta.data.release()
+        except BufferError:  # exported (an array in a failed write's traceback): freed with it
+            pass
 
 
 def _run_starts(slots: np.ndarray, pages: np.ndarray) -> np.ndarray:
@@ -270,18 +391,6 @@ def _punch(fd: int, offset: int, length: int) -> None:
 
 def data_bytes(path: Path) -> int:
     """How much of a sparse file holds data."""
-    total = 0
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(f.fileno(), offset, os.SEEK_DATA)
-            except OSError:
-                break
-            end = min(os.lseek(f.fileno(), start, os.SEEK_HOLE), size)
-            total += end - start
-            offset = end
-    return total
-
-
+        return sum(end - start for start, end in data_extents(f.fileno(),
+                                                               os.fstat(f.fileno()).st_size))

@@ -11,7 +11,10 @@ machine's next disk overlay created and opened. Then, with the machine stopped:
 4. the machine runs again.
 
 The pause is proportional to what changed since the VM's restore, not to its RAM size. After
-it, the image's RAM file is written: its source's with the copied pages over it.
+it, the image's RAM file is written: its source's with the copied pages over it; or, with
+`defer_ram`, not yet: the result's `pending` serves the new RAM's bytes from the capture's
+buffer and the source's file (what a snapshot's upload hashes and stores) and writes the file
+when asked (after the upload: only a restore on this host needs it).
 
 Why not QEMU's migration: under QEMU 7.2 TCG a live precopy lost pages a busy guest wrote
 (tests/vm/test_snapshot_busy.py), a background snapshot write-protects every page of RAM (its
@@ -44,6 +47,39 @@ from sandlot.vmm.machine import Machine, MachineSpec
 MARGIN_PAGES = 8192  # 32 MiB: pages a running guest may change between the count and the pause
 
 
+class PendingRam:
+    """A capture's RAM files before they are written: the pages it copied (its buffer) over
+    the source's files, readable as they will be (`files`: file name -> memory.Patched), and
+    written by `write`. Owns the buffer until `close`."""
+
+    def __init__(self, deltas: list[memory.Delta], buffer: memory.PageBuffer,
+                 out: dict[str, Path]) -> None:
+        self.paths = dict(out)  # "ram" / "dimm" -> where `write` puts it
+        self._buffer = buffer
+        self.files: dict[str, memory.Patched] = {}
+        try:
+            for delta in deltas:
+                self.files[delta.region.name] = memory.Patched(delta)
+        except BaseException:
+            for patched in self.files.values():
+                patched.close()
+            self._buffer = None  # the caller still owns it
+            raise
+
+    def write(self) -> None:
+        """Write the RAM files (blocking; run it in a thread)."""
+        for name, patched in self.files.items():
+            patched.write(self.paths[name])
+
+    def close(self) -> None:
+        for patched in self.files.values():
+            patched.close()
+        self.files = {}
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+
 @dataclass
 class CaptureResult:
     ram: Path
@@ -53,6 +89,7 @@ class CaptureResult:
     total_ms: float
     changed: dict[str, np.ndarray] = field(default_factory=dict)  # region -> page indices
     phases_ms: dict[str, float] = field(default_factory=dict)
+    pending: PendingRam | None = None  # with `defer_ram`: the RAM files, not yet written
 
 
 def _regions(machine: Machine) -> list[memory.Region]:
@@ -62,21 +99,44 @@ def _regions(machine: Machine) -> list[memory.Region]:
     return memory.regions(machine.pid, ram, dimm)
 
 
-async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureResult:
+async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
+                  defer_ram: bool = False) -> CaptureResult:
     """Snapshot `machine` into `out_dir` (ram, ram.dimm, devstate); its disk chain freezes its
     top layer (`disks.frozen`) at the RAM's instant and goes on on a new one. On failure the
-    machine runs again (on the new overlay if it got that far)."""
+    machine runs again (on the new overlay if it got that far). `defer_ram`: the RAM files
+    are not written; the result's `pending` has them (the caller closes it)."""
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     devstate = out_dir / "devstate"
     # QEMU writes it where it may (its run dir: a confined QEMU cannot write the cache).
     written = machine.spec.run_dir / f"devstate-{out_dir.name}"
-    regions = _regions(machine)
-    expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
-    buffer = memory.PageBuffer(expected + MARGIN_PAGES)
     phases: dict[str, float] = {}
+    regions = _regions(machine)
     deltas: list[memory.Delta] = []
-    await disks.open_next(machine)
+    pending: PendingRam | None = None
+
+    def make_buffer() -> memory.PageBuffer:
+        expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
+        return memory.PageBuffer(expected + MARGIN_PAGES)
+
+    async def overlay() -> None:
+        t = time.monotonic()
+        await disks.open_next(machine)
+        phases["overlay"] = (time.monotonic() - t) * 1000
+
+    # Side by side: the buffer is mapped and faulted in (a thread) while QEMU opens the
+    # disk's next overlay.
+    made = await asyncio.gather(asyncio.to_thread(make_buffer), overlay(),
+                                return_exceptions=True)
+    if isinstance(made[1], BaseException):
+        if not isinstance(made[0], BaseException):
+            made[0].close()
+        raise made[1]
+    if isinstance(made[0], BaseException):
+        await disks.drop_next(machine)
+        raise made[0]
+    buffer = made[0]
+    phases["prepare"] = (time.monotonic() - t0) * 1000
     stacked = False
     try:
         paused_at = time.monotonic()
@@ -123,7 +183,11 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
         for delta in deltas:
             out[delta.region.name] = out_dir / ("ram" if delta.region.name == "ram"
                                                 else "ram.dimm")
-            await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
+        if defer_ram:
+            pending = PendingRam(deltas, buffer, out)
+        else:
+            for delta in deltas:
+                await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
         phases["write"] = (time.monotonic() - t) * 1000
     except BaseException:
         written.unlink(missing_ok=True)
@@ -132,13 +196,15 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path) -> CaptureR
         raise
     finally:
         changed = {d.region.name: d.pages for d in deltas}
-        for delta in deltas:
-            delta.data.release()
-        buffer.close()
+        if pending is None:  # else the pending files own the buffer
+            for delta in deltas:
+                with contextlib.suppress(BufferError):  # a failed write's traceback holds it
+                    delta.data.release()
+            buffer.close()
     return CaptureResult(ram=out["ram"], dimm=out.get("dimm"), devstate=devstate,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000,
-                         changed=changed, phases_ms=phases)
+                         changed=changed, phases_ms=phases, pending=pending)
 
 
 async def freeze_disk(machine: Machine, disks: DiskChain) -> float:
