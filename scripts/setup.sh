@@ -11,6 +11,7 @@ APT_PACKAGES=(
   skopeo umoci buildah kmod  # sandboxes from OCI images and Dockerfiles (docs/images.md)
   docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
   golang-go  # builds the guest agent and init (static, standard library only) for templates
+  gcc libc6-dev  # builds the library QEMU preloads for write tracking (vmm/write_tracking.c)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -513,9 +513,9 @@ class QemuRuntime(Runtime):
             if result is not None:
                 changed_mib = sum(len(p) for p in changed_pages.values()) * 4096 / 2**20
                 log.info("captured %s of %s: pause %.1f ms (%s), %.1f MiB changed since its "
-                         "restore", key, vm.id, pause_ms,
+                         "restore, %d pages copied in the pause", key, vm.id, pause_ms,
                          ", ".join(f"{k} {v:.1f}" for k, v in result.phases_ms.items()),
-                         changed_mib)
+                         changed_mib, result.pages_in_pause)
             if result is None or result.pending is None:
                 self.cache.mark_ready(key)
             self.cache.evict()

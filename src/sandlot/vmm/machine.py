@@ -27,6 +27,7 @@ from sandlot.vmm.disk import DISK_HOST_OPTIONS
 from sandlot.vmm.jail import SECCOMP, Jail
 from sandlot.vmm.network import open_tap
 from sandlot.vmm.qemu import QEMU
+from sandlot.vmm.write_tracking import WriteTracker, open_tracker, qemu_env
 
 log = logging.getLogger(__name__)
 # No backend state in the migration stream (QEMU's user network has a 'slirp' section), so a
@@ -202,6 +203,20 @@ class Machine:
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
         self.state = MachineState.LAUNCHING
+        self._tracker: WriteTracker | None | bool = False  # False: not looked for yet
+
+    def write_tracker(self) -> WriteTracker | None:
+        """What tracks this QEMU's writes to guest RAM (vmm/write_tracking.py), if it runs
+        with it; looked for once."""
+        if self._tracker is False:
+            self._tracker = open_tracker(self.pid)
+        return self._tracker
+
+    def drop_write_tracker(self) -> None:
+        """Go on without write tracking (it failed)."""
+        if self._tracker:
+            self._tracker.close()
+        self._tracker = None
 
     def _move(self, new: MachineState) -> None:
         if new != self.state and new not in MACHINE_TRANSITIONS[self.state]:
@@ -251,11 +266,12 @@ class Machine:
             # A confined QEMU may not open /dev/net/tun: it gets the opened tap.
             fds.append(await asyncio.to_thread(open_tap, spec.jail.netns))
             command = spec.with_(netdev=f"tap,id=net0,fd={fds[0]}").command()
+        env = {**os.environ, **await asyncio.to_thread(qemu_env)}
         log_file = open(spec.run_dir / "qemu.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                stderr=log_file, start_new_session=True, pass_fds=fds,
+                stderr=log_file, start_new_session=True, pass_fds=fds, env=env,
             )
         except OSError as e:
             raise VmmError(f"cannot start QEMU: {e}", cause=e) from e
@@ -443,6 +459,7 @@ class Machine:
 
     async def disconnect(self) -> None:
         """Drop the QMP session without waiting on it for long (qemu.qmp can linger)."""
+        self.drop_write_tracker()
         task = asyncio.ensure_future(self.qmp.disconnect())
         done, _ = await asyncio.wait({task}, timeout=1.0)
         if done:

@@ -157,25 +157,43 @@ class Delta:
 
 def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer: PageBuffer,
                threads: int = 2) -> list[Delta]:
-    """Copy the given pages out of process `pid` (stopped) into `buffer`, in `threads`
-    threads that each copy an equal share of the bytes (a run of pages is cut where a share
-    ends: one run often holds most of what changed)."""
+    """Copy the given pages out of process `pid` into `buffer`, one region after the other,
+    in `threads` threads (see `copy_pages`)."""
     total = sum(len(p) for _, p in regions_pages)
     buffer._grow(total)
-    base = buffer.address
-    local_parts, remote_parts, length_parts = [], [], []
-    deltas = []
+    deltas, parts = [], []
     offset = 0
+    view = buffer.view(total)
     for region, pages in regions_pages:
-        r = runs(pages)
-        lengths = r[:, 1] * PAGE
-        local_parts.append(base + offset + np.concatenate(([0], np.cumsum(lengths)[:-1])))
-        remote_parts.append(region.start + r[:, 0] * PAGE)
-        length_parts.append(lengths)
-        view = buffer.view(total)
-        deltas.append(Delta(region, pages, view[offset: offset + len(pages) * PAGE]))
-        view.release()
-        offset += len(pages) * PAGE
+        parts.append((region, pages, np.arange(offset, offset + len(pages), dtype=np.int64)))
+        deltas.append(Delta(region, pages, view[offset * PAGE: (offset + len(pages)) * PAGE]))
+        offset += len(pages)
+    view.release()
+    copy_pages(pid, parts, buffer.address, threads)
+    return deltas
+
+
+def copy_pages(pid: int, parts: list[tuple[Region, np.ndarray, np.ndarray]], address: int,
+               threads: int = 2) -> None:
+    """Copy pages of process `pid` to local memory at `address`: for each (region, pages,
+    slots), page `pages[i]` of the region to `address + slots[i] * PAGE`. In `threads`
+    threads that each copy an equal share of the bytes (a run of pages is cut where a share
+    ends: one run often holds most of what changed)."""
+    local_parts, remote_parts, length_parts = [], [], []
+    total = 0
+    for region, pages, slots in parts:
+        if not len(pages):
+            continue
+        pages, slots = np.asarray(pages, dtype=np.int64), np.asarray(slots, dtype=np.int64)
+        breaks = np.flatnonzero((np.diff(pages) != 1) | (np.diff(slots) != 1)) + 1
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [len(pages)]))
+        local_parts.append(address + slots[starts] * PAGE)
+        remote_parts.append(region.start + pages[starts] * PAGE)
+        length_parts.append((ends - starts) * PAGE)
+        total += len(pages)
+    if not total:
+        return
     shares = _shares(np.concatenate(local_parts).astype(np.int64),
                      np.concatenate(remote_parts).astype(np.int64),
                      np.concatenate(length_parts).astype(np.int64),
@@ -199,7 +217,6 @@ def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer:
     else:
         with concurrent.futures.ThreadPoolExecutor(len(shares)) as pool:
             list(pool.map(copy, shares))
-    return deltas
 
 
 def _shares(local: np.ndarray, remote: np.ndarray, lengths: np.ndarray, n: int

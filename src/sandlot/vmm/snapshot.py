@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ from sandlot.errors import SandlotError, VmmError
 from sandlot.vmm import memory
 from sandlot.vmm.disk import DiskChain
 from sandlot.vmm.machine import Machine, MachineSpec
+from sandlot.vmm.ram_copy import StoppedCopy, ram_copy
 
-MARGIN_PAGES = 8192  # 32 MiB: pages a running guest may change between the count and the pause
+log = logging.getLogger(__name__)
 
 
 class PendingRam:
@@ -90,6 +92,7 @@ class CaptureResult:
     changed: dict[str, np.ndarray] = field(default_factory=dict)  # region -> page indices
     phases_ms: dict[str, float] = field(default_factory=dict)
     pending: PendingRam | None = None  # with `defer_ram`: the RAM files, not yet written
+    pages_in_pause: int = 0  # pages copied with the VM stopped
 
 
 def _regions(machine: Machine) -> list[memory.Region]:
@@ -112,32 +115,11 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
     written = machine.spec.run_dir / f"devstate-{out_dir.name}"
     phases: dict[str, float] = {}
     regions = _regions(machine)
-    deltas: list[memory.Delta] = []
     pending: PendingRam | None = None
-
-    def make_buffer() -> memory.PageBuffer:
-        expected = sum(len(memory.changed_pages(machine.pid, r)) for r in regions)
-        return memory.PageBuffer(expected + MARGIN_PAGES)
-
-    async def overlay() -> None:
-        t = time.monotonic()
-        await disks.open_next(machine)
-        phases["overlay"] = (time.monotonic() - t) * 1000
-
-    # Side by side: the buffer is mapped and faulted in (a thread) while QEMU opens the
-    # disk's next overlay.
-    made = await asyncio.gather(asyncio.to_thread(make_buffer), overlay(),
-                                return_exceptions=True)
-    if isinstance(made[1], BaseException):
-        if not isinstance(made[0], BaseException):
-            made[0].close()
-        raise made[1]
-    if isinstance(made[0], BaseException):
-        await disks.drop_next(machine)
-        raise made[0]
-    buffer = made[0]
+    copier = await _prepared_copy(machine, regions, disks, phases)
     phases["prepare"] = (time.monotonic() - t0) * 1000
     stacked = False
+    deltas: list[memory.Delta] = []
     try:
         paused_at = time.monotonic()
         await machine.stop()
@@ -156,18 +138,19 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
                                       {"filename": str(written), "live": False})
                 phases["devices"] = (time.monotonic() - t) * 1000
 
-            async def ram() -> list[memory.Delta]:
+            async def ram() -> None:
                 t = time.monotonic()
-                changed = [(r, memory.changed_pages(machine.pid, r)) for r in regions]
-                out = await asyncio.to_thread(memory.read_pages, machine.pid, changed, buffer)
+                await asyncio.to_thread(copier.in_pause)
                 phases["copy"] = (time.monotonic() - t) * 1000
-                return out
 
-            results = await asyncio.gather(disk(), ram(), return_exceptions=True)
+            if copier.quick:  # a few pages: copied first, alone (nothing contends with it)
+                await ram()
+                results = await asyncio.gather(disk(), return_exceptions=True)
+            else:
+                results = await asyncio.gather(disk(), ram(), return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            deltas = results[1]
         finally:
             t = time.monotonic()
             try:
@@ -178,13 +161,17 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
             resumed_at = time.monotonic()
             phases["cont"] = (resumed_at - t) * 1000
         t = time.monotonic()
+        deltas = await asyncio.to_thread(copier.finish)
+        phases["merge"] = (time.monotonic() - t) * 1000
+        t = time.monotonic()
         await asyncio.to_thread(shutil.move, written, devstate)
         out = {}
         for delta in deltas:
             out[delta.region.name] = out_dir / ("ram" if delta.region.name == "ram"
                                                 else "ram.dimm")
         if defer_ram:
-            pending = PendingRam(deltas, buffer, out)
+            pending = PendingRam(deltas, copier.buffer, out)
+            copier.buffer, copier.deltas = None, []  # the pending files own them now
         else:
             for delta in deltas:
                 await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
@@ -196,15 +183,53 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
         raise
     finally:
         changed = {d.region.name: d.pages for d in deltas}
-        if pending is None:  # else the pending files own the buffer
-            for delta in deltas:
-                with contextlib.suppress(BufferError):  # a failed write's traceback holds it
-                    delta.data.release()
-            buffer.close()
+        copier.close()
     return CaptureResult(ram=out["ram"], dimm=out.get("dimm"), devstate=devstate,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000,
-                         changed=changed, phases_ms=phases, pending=pending)
+                         changed=changed, phases_ms=phases, pending=pending,
+                         pages_in_pause=copier.pages_in_pause)
+
+
+async def _prepared_copy(machine: Machine, regions: list[memory.Region], disks: DiskChain,
+                         phases: dict[str, float]) -> StoppedCopy:
+    """The RAM copy, prepared (a thread), while QEMU opens the disk's next overlay. With
+    write tracking the copy runs now; if tracking fails, the machine goes on without it."""
+    tracker = machine.write_tracker()
+
+    def prepare() -> StoppedCopy:
+        t = time.monotonic()
+        copier = ram_copy(machine.pid, regions, tracker)
+        try:
+            copier.prepare()
+        except VmmError as e:
+            copier.close()
+            if tracker is None:
+                raise
+            log.warning("QEMU %d: capture without write tracking: %s", machine.pid, e)
+            machine.drop_write_tracker()
+            copier = ram_copy(machine.pid, regions, None)
+            copier.prepare()
+        except BaseException:
+            copier.close()
+            raise
+        phases["precopy"] = (time.monotonic() - t) * 1000
+        return copier
+
+    async def overlay() -> None:
+        t = time.monotonic()
+        await disks.open_next(machine)
+        phases["overlay"] = (time.monotonic() - t) * 1000
+
+    made = await asyncio.gather(asyncio.to_thread(prepare), overlay(), return_exceptions=True)
+    if isinstance(made[1], BaseException):
+        if not isinstance(made[0], BaseException):
+            made[0].close()
+        raise made[1]
+    if isinstance(made[0], BaseException):
+        await disks.drop_next(machine)
+        raise made[0]
+    return made[0]
 
 
 async def freeze_disk(machine: Machine, disks: DiskChain) -> float:

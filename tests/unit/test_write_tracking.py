@@ -1,0 +1,167 @@
+"""Write tracking (vmm/write_tracking.py) and the precopy built on it (vmm/ram_copy.py), on a
+real process that loads the preload library as QEMU does: a Python process named
+qemu-system-*, with a private mapping of a file (a restored VM's RAM) and an anonymous one (a
+cold-booted VM's). The kernel does the tracking; nothing is faked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from sandlot.vmm import memory, write_tracking
+from sandlot.vmm.memory import PAGE, Region
+from sandlot.vmm.ram_copy import TrackedCopy
+
+PAGES = 4096  # 16 MiB per region
+
+CHILD = r"""
+import ctypes, mmap, sys, threading
+PAGE = 4096
+path, pages = sys.argv[1], int(sys.argv[2])
+f = open(path, "r+b")
+maps = {"file": mmap.mmap(f.fileno(), pages * PAGE, flags=mmap.MAP_PRIVATE),
+        "anon": mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)}
+print(*(ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps.values()), flush=True)
+busy = threading.Event()
+
+def hammer():
+    # Every third page gets the round number; and each round one page never written before
+    # (a new copy-on-write page in the file mapping, a new page in the anonymous one).
+    rnd = frontier = 0
+    while True:
+        busy.wait()
+        rnd = rnd % 255 + 1
+        frontier = (frontier + 3) % pages
+        for m in maps.values():
+            for i in range(0, len(m), PAGE * 3):
+                m[i] = rnd
+            m[(frontier + 1) % pages * PAGE + 7] = rnd
+
+threading.Thread(target=hammer, daemon=True).start()
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "write":
+        maps[args[0]][int(args[1]) * PAGE] = int(args[2])
+    elif cmd == "read":
+        maps[args[0]][int(args[1]) * PAGE]
+    elif cmd == "busy":
+        busy.set()
+    print("ok", flush=True)
+"""
+
+
+class Child:
+    def __init__(self, tmp_path) -> None:
+        base = tmp_path / "ram"
+        with open(base, "wb") as f:
+            f.write(os.urandom(PAGES * PAGE // 2))  # data, then a hole
+            f.truncate(PAGES * PAGE)
+        env = {**os.environ, **write_tracking.qemu_env()}
+        self.proc = subprocess.Popen(
+            ["qemu-system-test", "-c", CHILD, str(base), str(PAGES)], executable=sys.executable,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        file_at, anon_at = (int(x) for x in self.proc.stdout.readline().split())
+        self.regions = {"file": Region("ram", file_at, PAGES * PAGE, base),
+                        "anon": Region("dimm", anon_at, PAGES * PAGE, None)}
+        self.tracker = write_tracking.open_tracker(self.proc.pid)
+        assert self.tracker is not None, "the preloaded library opened no userfaultfd"
+
+    def send(self, *words) -> None:
+        self.proc.stdin.write(" ".join(map(str, words)) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "ok\n"
+
+    def stop(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while _state(self.proc.pid) != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self.tracker.close()
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.fixture
+def child(tmp_path):
+    if not write_tracking.kernel_supports():
+        pytest.skip("this kernel has no asynchronous write-protection (Linux 6.7+)")
+    if not write_tracking.qemu_env():
+        pytest.skip("the preload library cannot be built here (no C compiler)")
+    made = Child(tmp_path)
+    yield made
+    made.close()
+
+
+def test_collect_lists_exactly_the_pages_written_since_the_last(child):
+    file, anon = child.regions["file"], child.regions["anon"]
+    child.send("write", "file", 5, 1)
+    assert 5 in child.tracker.collect(file)  # the first arms: all it lists may be unwritten
+    child.tracker.collect(anon)
+    for name in ("file", "anon"):
+        child.send("write", name, 10, 1)
+        child.send("write", name, 3000, 1)  # in the file's hole
+    assert child.tracker.collect(file).tolist() == [10, 3000]
+    assert child.tracker.collect(anon).tolist() == [10, 3000]
+    assert child.tracker.collect(file).tolist() == []
+    child.send("write", "file", 10, 2)  # again: an anonymous page written again
+    child.send("write", "file", 11, 2)  # a file page copied on write
+    child.send("read", "file", 12)  # only read: not written
+    child.send("write", "anon", 4095, 2)
+    child.send("read", "anon", 500)
+    assert child.tracker.collect(file).tolist() == [10, 11]
+    assert child.tracker.collect(anon).tolist() == [4095]
+    assert child.tracker.collect(file).tolist() == []
+    assert child.tracker.collect(anon).tolist() == []
+
+
+def test_a_precopy_of_a_busy_process_is_its_memory_at_the_stop(child):
+    """The process rewrites pages and makes new ones while it is copied; what the copy holds
+    after the stop is exactly its changed pages, each as it was at the stop. Four captures in
+    a row, as a sandbox snapshotted again and again."""
+    child.send("busy")
+    time.sleep(0.2)
+    regions = [child.regions["file"], child.regions["anon"]]
+    for _ in range(4):
+        copier = TrackedCopy(child.proc.pid, regions, child.tracker)
+        try:
+            copier.prepare()  # while it writes
+            time.sleep(0.05)
+            child.stop()
+            copier.in_pause()
+            truth = {}
+            for region in regions:
+                pages = memory.changed_pages(child.proc.pid, region)
+                truth[region.name] = (pages, _read(child.proc.pid, region, pages))
+            os.kill(child.proc.pid, signal.SIGCONT)
+            deltas = copier.finish()
+            assert copier.pages_in_pause < sum(len(p) for p, _ in truth.values())
+            for delta in deltas:
+                pages, data = truth[delta.region.name]
+                assert delta.pages.tolist() == pages.tolist()
+                assert bytes(delta.data) == data
+        finally:
+            copier.close()
+
+
+def _read(pid: int, region: Region, pages: np.ndarray) -> bytes:
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        out = bytearray()
+        for page in pages.tolist():
+            mem.seek(region.start + page * PAGE)
+            out += mem.read(PAGE)
+    return bytes(out)
