@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import httpx
+
 from _pause import start_holder
 from _server import BenchServer
 from _stats import ms_since
@@ -71,6 +73,13 @@ def _s3_server(root: Path, name: str, s3: S3Server) -> BenchServer:
     server = BenchServer.in_dir(root / name, f"b{os.getpid()}{name}",
                                 extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env})
     server.start(timeout=120)
+    # A new store gets every template of the shared images dir at start (one built from an OCI
+    # image: ~30 s of hashing and uploading here): measured beside it, a restore measures that.
+    deadline = time.monotonic() + 600
+    while not httpx.get(f"{server.url}/health", timeout=10).json().get("templates_stored"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: the templates were not stored within 600 s")
+        time.sleep(0.5)
     return server
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -450,6 +451,10 @@ def test_templates_and_health(client: Sandlot) -> None:
     assert [t.name for t in client.templates.list()] == ["base"]
     assert client.templates.get("base").hash == "fakebase"
     assert client.health()["status"] == "ok"
+    deadline = time.monotonic() + 10  # the start-up upload of templates to the store ends
+    while not client.health()["templates_stored"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def test_client_reopens_after_close(client: Sandlot) -> None:

@@ -165,3 +165,23 @@ def _read(pid: int, region: Region, pages: np.ndarray) -> bytes:
             mem.seek(region.start + page * PAGE)
             out += mem.read(PAGE)
     return bytes(out)
+
+
+def test_a_precopy_whose_tracking_fails_copies_it_all_in_the_pause(child):
+    child.send("busy")
+    time.sleep(0.1)
+    regions = [child.regions["file"], child.regions["anon"]]
+    copier = TrackedCopy(child.proc.pid, regions, child.tracker)
+    try:
+        copier.prepare()
+        child.tracker.close()  # its descriptors gone: the scan in the pause fails
+        child.stop()
+        copier.in_pause()
+        assert copier.tracking_failed
+        for delta in copier.finish():
+            pages = memory.changed_pages(child.proc.pid, delta.region)
+            assert delta.pages.tolist() == pages.tolist()
+            assert bytes(delta.data) == _read(child.proc.pid, delta.region, pages)
+        assert copier.pages_in_pause == sum(len(d.pages) for d in copier.deltas)
+    finally:
+        copier.close()

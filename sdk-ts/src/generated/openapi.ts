@@ -612,7 +612,8 @@ export interface paths {
         };
         /**
          * Health
-         * @description Liveness, and the warm pool's state per template (ready, claimed, misses).
+         * @description Liveness, the warm pool's state per template (ready, claimed, misses), and whether
+         *     the start-up upload of this host's templates to a new store is over.
          */
         get: operations["health_health_get"];
         put?: never;

@@ -125,10 +125,17 @@ class Core:
                 log.warning("template %s not compared with the store's: %s", info.name,
                             e.message)
 
+    @property
+    def templates_stored(self) -> bool:
+        """Whether the start-up pass that gives the store this host's templates is over."""
+        return bool(self._background) and self._background[0].done()
+
     async def _import_templates(self) -> None:
         """Give the store the templates this host built that it lacks (a new store): their
-        chunks are what snapshots of their sandboxes are stored against."""
-        for info in self.templates.list():
+        chunks are what snapshots of their sandboxes are stored against. The warm pool's
+        templates first."""
+        pooled = set(self.settings.pool_templates)
+        for info in sorted(self.templates.list(), key=lambda i: i.name not in pooled):
             try:
                 if await self.runtime.import_template(image_of(info), info.model_dump(
                         mode="json")):

@@ -101,10 +101,12 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     @app.get("/health", tags=["health"])
     async def health(request: Request) -> dict:
-        """Liveness, and the warm pool's state per template (ready, claimed, misses)."""
+        """Liveness, the warm pool's state per template (ready, claimed, misses), and whether
+        the start-up upload of this host's templates to a new store is over."""
         core = getattr(request.app.state, "core", None)
         pool = core.runtime.pool_stats() if core is not None else {}
-        return {"status": "ok", "version": VERSION, "pool": pool}
+        stored = core.templates_stored if core is not None else False
+        return {"status": "ok", "version": VERSION, "pool": pool, "templates_stored": stored}
 
     return app
 

@@ -9,11 +9,16 @@ the VM stopped, `finish` after it runs again (each blocking: run them in threads
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
+from sandlot.errors import VmmError
 from sandlot.vmm import memory
 from sandlot.vmm.memory import PAGE, Delta, PageBuffer, Region
 from sandlot.vmm.write_tracking import WriteTracker
+
+log = logging.getLogger(__name__)
 
 MARGIN_PAGES = 8192  # 32 MiB: pages a running guest may change between the count and the pause
 WRITTEN_MARGIN_PAGES = 2048  # 8 MiB: pages written during a precopy, before the buffer grows
@@ -24,6 +29,7 @@ class StoppedCopy:
     pause only the buffer is mapped and faulted in."""
 
     quick = False  # what `in_pause` copies is small
+    tracking_failed = False  # write tracking failed in the pause: do without it from now on
 
     def __init__(self, pid: int, regions: list[Region]) -> None:
         self.pid = pid
@@ -44,14 +50,17 @@ class StoppedCopy:
     def finish(self) -> list[Delta]:
         return self.deltas
 
-    def close(self) -> None:
-        """Free the buffer (unless the caller took it: `buffer` None)."""
+    def _release_deltas(self) -> None:
         for delta in self.deltas:
             try:
                 delta.data.release()
             except BufferError:  # a failed write's traceback holds it
                 pass
         self.deltas = []
+
+    def close(self) -> None:
+        """Free the buffer (unless the caller took it: `buffer` None)."""
+        self._release_deltas()
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
@@ -88,6 +97,17 @@ class TrackedCopy(StoppedCopy):
         self.deltas = memory.read_pages(self.pid, changed, self.buffer)
 
     def in_pause(self) -> None:
+        try:
+            self._copy_written()
+        except VmmError as e:  # e.g. the userfaultfd is gone: copy it all, as without
+            log.warning("QEMU %d: copying every changed page in the pause: %s", self.pid, e)
+            self.tracking_failed = True
+            self._release_deltas()
+            self._extra_pages = []
+            self.pages_in_pause = 0
+            super().in_pause()
+
+    def _copy_written(self) -> None:
         inside, outside = [], []
         offset = 0
         extra_count = 0
@@ -141,12 +161,7 @@ class TrackedCopy(StoppedCopy):
         return deltas
 
     def _close_buffers(self) -> None:
-        for delta in self.deltas:
-            try:
-                delta.data.release()
-            except BufferError:
-                pass
-        self.deltas = []
+        self._release_deltas()
         for buffer in (self.buffer, self._extra):
             if buffer is not None:
                 buffer.close()

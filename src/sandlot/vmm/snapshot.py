@@ -1,25 +1,29 @@
 """Snapshot and restore of a running machine.
 
 Capture (`capture`): the pages the VM changed relative to its RAM file are found in
-/proc/PID/pagemap (vmm/memory.py); before the pause a buffer for them is mapped and the
-machine's next disk overlay created and opened. Then, with the machine stopped:
+/proc/PID/pagemap (vmm/memory.py); before the pause the machine's next disk overlay is created
+and opened, and the RAM copy prepared (vmm/ram_copy.py): with write tracking the changed
+pages are copied now, while the VM runs, else a buffer is mapped for them. Then, with the
+machine stopped:
 
-1. the next overlay goes on top of the disk (`blockdev-snapshot`): the old top is frozen at
+1. the pages written since that copy (or, without tracking, all the changed pages) are copied
+   out of the QEMU process into the buffer;
+2. the next overlay goes on top of the disk (`blockdev-snapshot`): the old top is frozen at
    the instant of the RAM;
-2. the changed pages are copied out of the QEMU process into the buffer;
 3. QEMU writes the state of every device but RAM (`xen-save-devices-state`, ~0.2 MB);
 4. the machine runs again.
 
-The pause is proportional to what changed since the VM's restore, not to its RAM size. After
-it, the image's RAM file is written: its source's with the copied pages over it; or, with
-`defer_ram`, not yet: the result's `pending` serves the new RAM's bytes from the capture's
-buffer and the source's file (what a snapshot's upload hashes and stores) and writes the file
-when asked (after the upload: only a restore on this host needs it).
+With tracking the pause is a page-table walk plus what the guest wrote during the copy; without,
+what changed since the VM's restore. After it, the image's RAM file is written: its source's
+with the copied pages over it; or, with `defer_ram`, not yet: the result's `pending` serves the
+new RAM's bytes from the capture's buffer and the source's file (what a snapshot's upload
+hashes and stores) and writes the file when asked (after the upload: only a restore on this
+host needs it).
 
 Why not QEMU's migration: under QEMU 7.2 TCG a live precopy lost pages a busy guest wrote
 (tests/vm/test_snapshot_busy.py), a background snapshot write-protects every page of RAM (its
 pause grows with RAM), and both copy all of it. Here the kernel's page tables say exactly what
-changed, and nothing runs while it is copied.
+changed and what was written during the copy.
 
 Restore (`restore`): a new QEMU maps the image's RAM file ``share=off`` (copy-on-write over the
 shared page cache: an idle restored VM costs a few MiB of its own) and loads the device state
@@ -142,6 +146,8 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
                 t = time.monotonic()
                 await asyncio.to_thread(copier.in_pause)
                 phases["copy"] = (time.monotonic() - t) * 1000
+                if copier.tracking_failed:
+                    machine.drop_write_tracker()
 
             if copier.quick:  # a few pages: copied first, alone (nothing contends with it)
                 await ram()
