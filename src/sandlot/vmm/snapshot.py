@@ -127,6 +127,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
     try:
         paused_at = time.monotonic()
         await machine.stop()
+        phases["stop"] = (time.monotonic() - paused_at) * 1000
         try:
             # With the VM stopped, three things at once: the disk's next overlay is stacked
             # and the device state saved (QMP, one after the other), while the changed pages
