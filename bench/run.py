@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write the figures to this JSON file")
     p.add_argument("--runs", type=int, help="repetitions of each repeated figure")
     p.add_argument("--no-peer", action="store_true", help="skip gVisor")
+    p.add_argument("--steps", metavar="WORDS",
+                   help="only the steps whose name holds one of these comma-separated words "
+                        "(e.g. 'snapshot,fork'); figures of the others stay out of the table")
     p.add_argument("--no-network", action="store_true",
                    help="run the server with SANDLOT_NETWORK=off (QEMU user networking)")
     p.add_argument("--workdir", type=Path,
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Ctx(server=server, plan=plan, results=results, console=console)
         for name, step in ALL_STEPS:
             if name.startswith("snapshot of a bigger") and not plan.big_memory_mb:
+                continue
+            if args.steps and not any(w.strip() and w.strip() in name
+                                      for w in args.steps.split(",")):
                 continue
             ts = time.monotonic()
             ctx.log(f"[bold]{name}[/]")

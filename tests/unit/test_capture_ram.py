@@ -21,15 +21,28 @@ MiB = 1 << 20
 SIZE = 16 * MiB
 
 
-def delta_over(base, pages: list[int], seed: int) -> Delta:
+def delta_over(base, pages: list[int], seed: int, slotted: bool = False) -> Delta:
     """Pages `pages` of a region over `base` (None: anonymous), holding random data, a few
-    of them zero (a page the guest zeroed over old data becomes a hole)."""
+    of them zero (a page the guest zeroed over old data becomes a hole). `slotted`: the pages
+    out of order in a bigger buffer, as a precopy leaves pages new in its pause
+    (`Delta.slots`): runs in order with every ninth page moved to the end, past free slots."""
     pages_arr = np.array(sorted(set(pages)), dtype=np.int64)
     data = bytearray(rand(len(pages_arr) * PAGE, seed))
     for slot in range(0, len(pages_arr), 7):
         data[slot * PAGE:(slot + 1) * PAGE] = bytes(PAGE)
     region = Region("ram", 0, SIZE, base)
-    return Delta(region, pages_arr, memoryview(data))
+    if not slotted:
+        return Delta(region, pages_arr, memoryview(data))
+    n = len(pages_arr)
+    moved = np.zeros(n, dtype=bool)
+    moved[4::9] = True
+    slots = np.empty(n, dtype=np.int64)
+    slots[~moved] = np.arange(int((~moved).sum()))
+    slots[moved] = n + 5 + np.arange(int(moved.sum()))
+    buffer = bytearray(int(slots.max() + 1) * PAGE)
+    for i, slot in enumerate(slots.tolist()):
+        buffer[slot * PAGE:(slot + 1) * PAGE] = data[i * PAGE:(i + 1) * PAGE]
+    return Delta(region, pages_arr, memoryview(buffer), slots)
 
 
 def changed_pages() -> list[int]:
@@ -49,11 +62,21 @@ def base(request, tmp_path):
                                                  12 * MiB + 5: rand(5000, 3)})
 
 
-def test_reads_are_the_written_file(base, tmp_path) -> None:
-    delta = delta_over(base, changed_pages(), 9)
+@pytest.fixture(params=["in order", "slotted"])
+def slotted(request) -> bool:
+    return request.param == "slotted"
+
+
+def test_reads_are_the_written_file(base, slotted, tmp_path) -> None:
+    delta = delta_over(base, changed_pages(), 9, slotted)
+    if slotted:  # the same file as with the pages in order
+        plain = tmp_path / "plain"
+        memory.write_image(delta_over(base, changed_pages(), 9), plain)
     written = tmp_path / "written"
     memory.write_image(delta, written)
     expect = written.read_bytes()
+    if slotted:
+        assert expect == plain.read_bytes()
     patched = Patched(delta)
     try:
         for offset in range(0, SIZE, 64 << 10):
@@ -71,8 +94,8 @@ def test_reads_are_the_written_file(base, tmp_path) -> None:
         patched.close()
 
 
-async def test_storing_it_is_storing_the_file(base, tmp_path) -> None:
-    delta = delta_over(base, changed_pages(), 10)
+async def test_storing_it_is_storing_the_file(base, slotted, tmp_path) -> None:
+    delta = delta_over(base, changed_pages(), 10, slotted)
     written = tmp_path / "written"
     memory.write_image(delta, written)
     expect = written.read_bytes()

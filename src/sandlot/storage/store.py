@@ -76,14 +76,19 @@ class Store:
         the sandbox's previous snapshot); `memo`: digests of chunks hashed before."""
         t0 = time.monotonic()
         fms: dict[str, FileManifest] = {}
+        phases: dict[str, float] = {}
         for name, src in files.items():
             if src.ready is not None:
+                t = time.monotonic()
                 await src.ready
+                phases[f"wait {name}"] = (time.monotonic() - t) * 1000
+            t = time.monotonic()
             fms[name] = await self.chunks.hash_file(
                 src.path, base.files.get(name) if base else None,
                 src.changed if base else None, self.chunk_size, memo)
+            phases[f"hash {name}"] = (time.monotonic() - t) * 1000
         manifest = Manifest(key=key, kind=kind, files=fms, machine=machine, meta=meta)
-        phases = {"hash": (time.monotonic() - t0) * 1000}
+        phases["hash"] = (time.monotonic() - t0) * 1000
         hashed = "" if memo is None else (
             f"; {len(memo.seen) - memo.reused} of {len(memo.seen)} chunks hashed with SHA-256")
         t0 = time.monotonic()

@@ -31,6 +31,7 @@ _SWAPPED = np.uint64(1 << 62)
 _FILE = np.uint64(1 << 61)
 _IOV_MAX = 1024
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
+_MAP_NORESERVE = 0x4000
 COPY_BUFFER = 8 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -102,24 +103,29 @@ def runs(pages: np.ndarray) -> np.ndarray:
 
 class PageBuffer:
     """Anonymous memory for page copies, mapped and faulted in before a pause (so the copy in
-    the pause only copies); grows if a copy needs more."""
+    the pause only copies); grows if a copy needs more. `populate`: fault in only that many
+    pages of it (the rest is reserved address space, faulted in when written)."""
 
-    def __init__(self, pages: int) -> None:
+    def __init__(self, pages: int, populate: int | None = None) -> None:
         self._map: mmap.mmap | None = None
         self.pages = 0
-        self._grow(pages)
+        self._grow(pages, populate)
 
-    def _grow(self, pages: int) -> None:
+    def _grow(self, pages: int, populate: int | None = None) -> None:
         if pages <= self.pages:
             return
         if self._map is not None:
             self._map.close()
         self.pages = max(pages, 1)
-        self._map = mmap.mmap(-1, self.pages * PAGE)
+        self._map = mmap.mmap(-1, self.pages * PAGE,
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        touch = self.pages if populate is None else max(0, min(populate, self.pages))
+        if not touch:
+            return
         try:
-            self._map.madvise(_MADV_POPULATE_WRITE)
+            self._map.madvise(_MADV_POPULATE_WRITE, 0, touch * PAGE)
         except OSError:
-            self._map[::PAGE] = b"\0" * self.pages  # touch every page instead
+            self._map[: touch * PAGE: PAGE] = b"\0" * touch  # touch every page instead
 
     @property
     def address(self) -> int:
@@ -144,15 +150,23 @@ class PageBuffer:
 
 @dataclass
 class Delta:
-    """Pages copied out of one region: `pages[i]` is at `data[i * PAGE:]`."""
+    """Pages copied out of one region: `pages[i]` (ascending) is at `data[slots[i] * PAGE:]`;
+    without `slots`, at `data[i * PAGE:]`."""
 
     region: Region
     pages: np.ndarray
     data: memoryview
+    slots: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         return len(self.pages) * PAGE
+
+    def slot_of(self) -> np.ndarray:
+        """Each page's slot in `data`."""
+        if self.slots is None:
+            return np.arange(len(self.pages), dtype=np.int64)
+        return self.slots
 
 
 def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer: PageBuffer,
@@ -298,13 +312,12 @@ def write_image(delta: Delta, out: Path, base_fd: int | None = None) -> None:
     if not len(delta.pages):
         return
     words = np.frombuffer(delta.data, dtype=np.uint64).reshape(-1, PAGE // 8)
-    nonzero = words.any(axis=1)
+    all_slots = delta.slot_of()
+    nonzero = words.any(axis=1)[all_slots]
     fd = os.open(out, os.O_WRONLY)
     try:
         for kind, selected in ((True, nonzero), (False, ~nonzero)):
-            pages = delta.pages[selected]
-            slots = np.flatnonzero(selected)
-            for (first, count), slot in zip(runs(pages), _run_starts(slots, pages), strict=True):
+            for first, slot, count in joint_runs(delta.pages[selected], all_slots[selected]):
                 if kind:
                     os.pwrite(fd, delta.data[slot * PAGE: (slot + count) * PAGE], first * PAGE)
                 elif delta.region.base is not None:  # zero over old data: make it a hole
@@ -348,21 +361,19 @@ class Patched:
     def _read(self, offset: int, length: int, lo: int, hi: int) -> bytes | memoryview:
         """Pages lo:hi of the delta are the changed ones in the range."""
         first, count = offset // PAGE, -(-length // PAGE)
-        pages, data = self.delta.pages, self.delta.data
-        if hi - lo == count:  # every page of the range changed: one slice of the buffer
-            return data[lo * PAGE: lo * PAGE + length]
+        pages, data, slots = self.delta.pages, self.delta.data, self.delta.slots
+        if hi - lo == count and (slots is None or hi - lo <= 1 or bool(
+                (np.diff(slots[lo:hi]) == 1).all())):
+            at = lo if slots is None or hi == lo else int(slots[lo])
+            return data[at * PAGE: at * PAGE + length]  # every page of the range changed
         buf = bytearray(length)
         if self._fd is not None:
             os.preadv(self._fd, [buf], offset)  # short at the end of the base: zeros stay
-        i = lo
-        while i < hi:  # runs of consecutive pages are consecutive in the buffer too
-            j = i + 1
-            while j < hi and pages[j] == pages[j - 1] + 1:
-                j += 1
-            at = (int(pages[i]) - first) * PAGE
-            end = min(at + (j - i) * PAGE, length)
-            buf[at:end] = data[i * PAGE: i * PAGE + end - at]
-            i = j
+        page_slots = np.arange(lo, hi) if slots is None else slots[lo:hi]
+        for page, slot, n in joint_runs(pages[lo:hi], page_slots):
+            at = (page - first) * PAGE
+            end = min(at + n * PAGE, length)
+            buf[at:end] = data[slot * PAGE: slot * PAGE + end - at]
         return buf
 
     def data_chunks(self, chunk: int) -> np.ndarray:
@@ -386,13 +397,16 @@ class Patched:
             pass
 
 
-def _run_starts(slots: np.ndarray, pages: np.ndarray) -> np.ndarray:
-    """For each run of consecutive `pages`, the buffer slot of its first page. Pages of one
-    run are consecutive in the buffer too (they were copied in order)."""
+def joint_runs(pages: np.ndarray, slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first page, its slot, count) of each run of pages consecutive both as pages and in
+    their slots."""
     if len(pages) == 0:
-        return np.zeros(0, dtype=np.int64)
+        return []
     breaks = np.flatnonzero((np.diff(pages) != 1) | (np.diff(slots) != 1)) + 1
-    return slots[np.concatenate(([0], breaks))]
+    starts = np.concatenate(([0], breaks))
+    counts = np.diff(np.concatenate((starts, [len(pages)])))
+    return list(zip(pages[starts].tolist(), slots[starts].tolist(), counts.tolist(),
+                    strict=True))
 
 
 _FALLOC_FL_KEEP_SIZE = 1

@@ -71,13 +71,15 @@ class TrackedCopy(StoppedCopy):
 
     1. (running) the tracker is armed: every page is write-protected;
     2. (running) the changed pages are copied out;
-    3. (stopped) the pages written since 1 are copied again (a page the guest wrote after
-       its copy, or that became changed after the count), read and re-armed in one walk;
-    4. (running) pages new in 3 are merged in, in order.
+    3. (stopped) the pages written since 1 are copied again: into their slots, or, for a page
+       that became changed after the count, into a slot after all of them (the buffer
+       reserves room for every page of RAM, and faults in a margin of it ahead); read and
+       re-armed in one walk.
 
     A page not written since 1 reads the same at the pause as at its copy in 2; every other
     page is copied in 3. So the pause costs what the guest wrote during the copy, not what it
-    changed since its restore.
+    changed since its restore. The deltas list each region's pages in order, with their
+    slots (`Delta.slots`): nothing is moved after the pause.
     """
 
     quick = True
@@ -85,16 +87,18 @@ class TrackedCopy(StoppedCopy):
     def __init__(self, pid: int, regions: list[Region], tracker: WriteTracker) -> None:
         super().__init__(pid, regions)
         self.tracker = tracker
-        self._extra: PageBuffer | None = None
-        self._extra_pages: list[np.ndarray] = []
+        self._used = 0  # slots taken in the buffer
+        self._new: list[np.ndarray] = []  # per region: pages new in the pause, their slots
 
     def prepare(self) -> None:
         for region in self.regions:
             self.tracker.collect(region)
         changed = [(r, memory.changed_pages(self.pid, r)) for r in self.regions]
-        self.buffer = PageBuffer(sum(len(p) for _, p in changed))
-        self._extra = PageBuffer(WRITTEN_MARGIN_PAGES)
+        counted = sum(len(p) for _, p in changed)
+        room = counted + sum(r.size // PAGE for r in self.regions)
+        self.buffer = PageBuffer(room, populate=counted + WRITTEN_MARGIN_PAGES)
         self.deltas = memory.read_pages(self.pid, changed, self.buffer)
+        self._used = counted
 
     def in_pause(self) -> None:
         try:
@@ -103,14 +107,13 @@ class TrackedCopy(StoppedCopy):
             log.warning("QEMU %d: copying every changed page in the pause: %s", self.pid, e)
             self.tracking_failed = True
             self._release_deltas()
-            self._extra_pages = []
+            self._new = []
             self.pages_in_pause = 0
             super().in_pause()
 
     def _copy_written(self) -> None:
-        inside, outside = [], []
+        parts = []
         offset = 0
-        extra_count = 0
         for delta in self.deltas:
             written = self.tracker.collect(delta.region)
             self.pages_in_pause += len(written)
@@ -118,60 +121,33 @@ class TrackedCopy(StoppedCopy):
             at = np.searchsorted(pages, written)
             known = at < len(pages)
             known[known] = pages[at[known]] == written[known]
-            inside.append((delta.region, written[known], offset + at[known]))
             new = written[~known]
-            outside.append((delta.region, new,
-                            np.arange(extra_count, extra_count + len(new), dtype=np.int64)))
-            self._extra_pages.append(new)
-            extra_count += len(new)
+            slots = np.empty(len(written), dtype=np.int64)
+            slots[known] = offset + at[known]
+            slots[~known] = np.arange(self._used, self._used + len(new), dtype=np.int64)
+            self._used += len(new)
+            parts.append((delta.region, written, slots))
+            self._new.append(np.stack([new, slots[~known]]))
             offset += len(pages)
-        self._extra._grow(extra_count)  # rarely needed: a margin is mapped
-        memory.copy_pages(self.pid, inside, self.buffer.address)
-        memory.copy_pages(self.pid, outside, self._extra.address)
+        memory.copy_pages(self.pid, parts, self.buffer.address)
 
     def finish(self) -> list[Delta]:
-        if not any(len(p) for p in self._extra_pages):
+        if not any(new.shape[1] for new in self._new):
             return self.deltas
-        # Pages that became changed during the copy: one buffer with every region's pages in
-        # order again.
-        merged_pages = [np.union1d(d.pages, new) for d, new in zip(
-            self.deltas, self._extra_pages, strict=True)]
-        merged = PageBuffer(sum(len(p) for p in merged_pages))
-        out = merged.view(merged.pages)
-        target = np.frombuffer(out, dtype=np.uint8).reshape(-1, PAGE)
-        old = np.frombuffer(self.buffer.view(self.buffer.pages), dtype=np.uint8).reshape(-1, PAGE)
-        extra = np.frombuffer(self._extra.view(self._extra.pages),
-                              dtype=np.uint8).reshape(-1, PAGE)
+        # Pages that became changed during the copy: each region's pages in order, with the
+        # slots they are in.
+        view = self.buffer.view(self._used)
         deltas = []
-        offset = extra_offset = old_offset = 0
-        for delta, new, pages in zip(self.deltas, self._extra_pages, merged_pages, strict=True):
-            at_old = np.searchsorted(pages, delta.pages)
-            at_new = np.searchsorted(pages, new)
-            target[offset + at_old] = old[old_offset: old_offset + len(delta.pages)]
-            target[offset + at_new] = extra[extra_offset: extra_offset + len(new)]
-            deltas.append(Delta(delta.region, pages,
-                                out[offset * PAGE: (offset + len(pages)) * PAGE]))
-            offset += len(pages)
-            old_offset += len(delta.pages)
-            extra_offset += len(new)
-        del target, old, extra
-        out.release()
-        self._close_buffers()
-        self.buffer, self.deltas = merged, deltas
-        return deltas
-
-    def _close_buffers(self) -> None:
+        offset = 0
+        for delta, new in zip(self.deltas, self._new, strict=True):
+            pages = np.concatenate([delta.pages, new[0]])
+            slots = np.concatenate([np.arange(offset, offset + len(delta.pages)), new[1]])
+            order = np.argsort(pages, kind="stable")
+            deltas.append(Delta(delta.region, pages[order], view, slots[order]))
+            offset += len(delta.pages)
         self._release_deltas()
-        for buffer in (self.buffer, self._extra):
-            if buffer is not None:
-                buffer.close()
-        self.buffer = self._extra = None
-
-    def close(self) -> None:
-        super().close()
-        if self._extra is not None:
-            self._extra.close()
-            self._extra = None
+        self.deltas = deltas
+        return deltas
 
 
 def ram_copy(pid: int, regions: list[Region], tracker: WriteTracker | None) -> StoppedCopy:
