@@ -29,12 +29,14 @@ from pathlib import Path
 
 from sandlot.config import Settings
 from sandlot.errors import (
+    BuildError,
     GuestError,
     InvalidArgumentError,
     SandlotError,
     VmmError,
 )
 from sandlot.guest.client import AgentClient, Configure
+from sandlot.images.guest import build_jail_helper
 from sandlot.runtime.base import (
     Captured,
     Image,
@@ -110,6 +112,17 @@ def _build_dirs(build: Path, disk: Path) -> tuple[Path, ...]:
     return tuple(sorted(dirs))
 
 
+def _jail_helper(images: Path) -> Path | None:
+    """sandlot-jail, built (or reused) with the guest's programs; None without Go: QEMU then
+    starts through the chain of shell tools it replaces (vmm/jail.py)."""
+    try:
+        return build_jail_helper(images / "guest")
+    except (BuildError, OSError) as e:
+        log.warning("sandlot-jail not built (%s); confined QEMUs start through shell tools",
+                    e)
+        return None
+
+
 def describe(spec: MachineSpec, cpus: int) -> MachineDescription:
     """The machine `spec` runs, as a snapshot of it records it."""
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
@@ -125,6 +138,7 @@ class QemuRuntime(Runtime):
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())
         if self.jails.enabled:
+            self.jails.helper = _jail_helper(settings.images)
             settings.ensure()
             os.chmod(settings.data_dir, 0o711)  # VMs pass through to their disks; no listing
             self._vm_paths()
