@@ -114,6 +114,8 @@ def instrument() -> None:
     timed(vmm_jail.Jails, "make", "jail")
     timed(vmm_disk.DiskChain, "create", "disk")
     timed(Networking, "attach", "net")
+    timed(Networking, "begin", "net: namespace, tap")
+    timed(Networking, "finish", "net: addresses, rules")
     timed(vmm_machine.Machine, "launch", "launch")
     timed(vmm_machine.Machine, "_connect_qmp", "qmp connect")
     timed(vmm_snapshot, "_send_file", "send devstate")

@@ -70,7 +70,7 @@ from sandlot.vmm.jail import (
 )
 from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
 from sandlot.vmm.memory import PAGE
-from sandlot.vmm.network import NetworkPolicy
+from sandlot.vmm.network import NetworkPolicy, PendingNetwork
 from sandlot.vmm.processes import qemu_alive, qemus_under
 from sandlot.vmm.qemu import QemuInfo, qemu_info
 
@@ -231,6 +231,8 @@ class QemuRuntime(Runtime):
         disks: DiskChain | None = None
         jail: Jail | None = None
         connecting: asyncio.Task | None = None
+        pending: PendingNetwork | None = None
+        finishing: asyncio.Future | None = None  # the network's addresses and rules
         try:
             async with self._restore_slots:
                 lease = await self._hot(image)
@@ -245,14 +247,20 @@ class QemuRuntime(Runtime):
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=hot["disk"],
                                   size=(build / "rootfs.ext4").stat().st_size, owner=owner)
                 if self.network is not None and plan.network is not None:
+                    # QEMU starts once the namespace and its tap exist; their addresses and
+                    # rules are set while it loads, and are there before the guest runs.
                     results = await asyncio.gather(disks.create(),
-                                                   self.network.attach(vm_id, plan.network,
-                                                                       tap_owner=owner),
+                                                   self.network.begin(vm_id, plan.network,
+                                                                      tap_owner=owner),
                                                    return_exceptions=True)
-                    net = results[1] if not isinstance(results[1], BaseException) else None
+                    if not isinstance(results[1], BaseException):
+                        pending = results[1]
                     for result in results:
                         if isinstance(result, BaseException):
                             raise result
+                    assert pending is not None
+                    net = pending.net
+                    finishing = asyncio.ensure_future(self.network.finish(pending))
                 else:
                     await disks.create()
                 spec = MachineSpec(
@@ -279,6 +287,8 @@ class QemuRuntime(Runtime):
                         str(spec.agent_socket), timeout=15, configure=configure,
                         running=running))
                     await machine.wait_chardev_connected("agent")
+                    if finishing is not None:
+                        await finishing
                     await machine.cont()
                     running.set()
                     try:
@@ -301,6 +311,11 @@ class QemuRuntime(Runtime):
         except BaseException:
             if connecting is not None and not connecting.done():
                 connecting.cancel()
+            if finishing is not None:  # a thread: let it end (a failure removes its network)
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(finishing)
+            elif pending is not None:
+                await self.network.abandon(pending)
             await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
             raise
         return vm
