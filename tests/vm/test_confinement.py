@@ -154,7 +154,7 @@ def test_jail_helper_confines_as_the_chain_of_shell_tools(tmp_path):
     ensure_traversable(rw)
     netns = f"sl-{instance}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
-    probe = ["/bin/sh", "-c", "id; grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs)' "
+    probe = ["/bin/sh", "-c", "id; grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|SigBlk|SigIgn)' "
              "/proc/self/status; cat /proc/self/cgroup; cut -d' ' -f4- /proc/self/mountinfo; "
              "readlink /proc/self/ns/net; ls -a /; echo x > $0/f; cat $0/f; env", str(rw)]
     env = {"PATH": os.environ["PATH"], "SANDLOT_PROBE": "1"}
