@@ -488,3 +488,37 @@ def test_setup_and_teardown_are_fast(manager: NetworkManager) -> None:
     print(f"setup median {setups[5] * 1000:.1f} ms max {setups[-1] * 1000:.1f} ms; "
           f"teardown median {teardowns[5] * 1000:.1f} ms max {teardowns[-1] * 1000:.1f} ms")
     assert setups[5] < 0.1 and teardowns[5] < 0.1
+
+
+def test_begin_then_finish_or_abandon(manager: NetworkManager) -> None:
+    """A restore starts QEMU after `begin` (namespace, veth, a tap owned by QEMU's uid) and
+    sets addresses and rules meanwhile (`finish`); `abandon` removes a begun network."""
+    before = host_state()
+    kept, dropped = f"sb-b{SFX}", f"sb-a{SFX}"
+    try:
+        pending = manager.begin(kept, tap_owner=12345)
+        assert manager.get(kept) is None
+        tap = json.loads(sh("ip", "-n", pending.net.namespace, "-j", "-d", "link", "show",
+                            "tap0"))[0]
+        assert tap["linkinfo"]["info_data"] == {  # as `ip tuntap add tap0 mode tap user N`
+            "type": "tap", "pi": False, "vnet_hdr": False, "multi_queue": False,
+            "persist": True, "user": 12345}
+        assert "UP" not in tap["flags"]
+        net = manager.finish(pending)
+        assert manager.get(kept) == net == pending.net
+        tap = json.loads(sh("ip", "-n", net.namespace, "-j", "addr", "show", "tap0"))[0]
+        assert "UP" in tap["flags"] and tap["address"] == network.GATEWAY_MAC
+        assert {a["local"] for a in tap["addr_info"]} == {GATEWAY_ADDRESS, DNS_ADDRESS}
+        assert f"eg-{net.slot}" in host_state()[2]
+
+        other = manager.begin(dropped)
+        assert other.net.slot != net.slot
+        manager.abandon(other)
+        assert manager.get(dropped) is None
+        assert other.net.namespace not in host_state()[0]
+        assert other.net.slot not in manager._reserved
+        manager.teardown(kept)
+        assert wait_until(lambda: host_state() == before)
+    finally:
+        manager.teardown(kept)
+        manager.teardown(dropped)

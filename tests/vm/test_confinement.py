@@ -131,3 +131,52 @@ def test_snapshot_fork_and_restore_of_a_confined_sandbox(sandbox_factory):
     finally:
         for s in [*kids, restored]:
             s.kill()
+
+
+def test_jail_helper_confines_as_the_chain_of_shell_tools(tmp_path):
+    """sandlot-jail (one exec) puts a process where the chain of shell tools it replaces puts
+    it: same uid, groups, capabilities, no_new_privs, cgroups, network namespace, mounts and
+    environment; and a failure exits 125 before the command runs."""
+    import secrets
+    import subprocess
+    from dataclasses import replace
+
+    from sandlot.images.guest import build_jail_helper
+    from sandlot.testing import IMAGES_DIR
+    from sandlot.vmm.jail import Jails, Limits, ensure_traversable
+
+    instance = "jt" + secrets.token_hex(3)
+    jails = Jails(instance, helper=build_jail_helper(IMAGES_DIR / "guest"))
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    jail = jails.make("vm-1", Limits.for_vm(256, 1), rw=(rw,))
+    jail.own(rw)
+    ensure_traversable(rw)
+    netns = f"sl-{instance}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    probe = ["/bin/sh", "-c", "id; grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|SigBlk|SigIgn)' "
+             "/proc/self/status; cat /proc/self/cgroup; cut -d' ' -f4- /proc/self/mountinfo; "
+             "readlink /proc/self/ns/net; ls -a /; echo x > $0/f; cat $0/f; env", str(rw)]
+    env = {"PATH": os.environ["PATH"], "SANDLOT_PROBE": "1"}
+    try:
+        helper = replace(jail, netns=netns)
+        chain = replace(helper, helper=None)
+        assert helper.prefix()[0].endswith("sandlot-jail")
+        ours = subprocess.run(helper.prefix() + probe, env=env, capture_output=True, text=True)
+        theirs = subprocess.run(chain.prefix() + probe, env=env, capture_output=True, text=True)
+        assert ours.returncode == theirs.returncode == 0, (ours.stderr, theirs.stderr)
+        # The shell chain's `cd` leaves OLDPWD behind; nothing else may differ.
+        assert ours.stdout.splitlines() == [line for line in theirs.stdout.splitlines()
+                                            if not line.startswith("OLDPWD=")]
+        assert f"uid={jail.uid}" in ours.stdout and "SANDLOT_PROBE=1" in ours.stdout
+        assert "x" in ours.stdout.splitlines()  # it wrote its own directory
+        assert "CapBnd:\t0000000000000000" in ours.stdout and "NoNewPrivs:\t1" in ours.stdout
+        bad = replace(helper, fstab=str(tmp_path / "missing.fstab"))
+        failed = subprocess.run(bad.prefix() + ["/bin/sh", "-c", "echo ran"],
+                                capture_output=True, text=True)
+        assert failed.returncode == 125 and "ran" not in failed.stdout
+        assert "missing.fstab" in failed.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", netns])
+        jails.release(jail)
+        jails.recover(keep=set())

@@ -5,6 +5,9 @@ nothing of sandlot's: no Python, no libc, no shell tools.
 Builds are cached under `<images>/guest/<digest>/`, keyed by the sources and the Go version.
 The binaries are reproducible (`-trimpath`, no build id): the same sources and toolchain give
 the same bytes on every host, and the template hash covers those bytes.
+
+The host's one Go program, `sandlot-jail` (`src/sandlot/vmm/go`: what starts a confined QEMU,
+vmm/jail.py), is built the same way and cached beside them (`<images>/guest/host-<digest>/`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 from sandlot.errors import BuildError
 
 GO_DIR = Path(__file__).resolve().parent.parent / "guest" / "go"
+HOST_GO_DIR = Path(__file__).resolve().parent.parent / "vmm" / "go"
+JAIL_HELPER = "sandlot-jail"  # its Go package: HOST_GO_DIR / "jail"
 # Where each binary goes in the guest, and its Go package (a directory under GO_DIR).
 BINARIES = {
     "/opt/sandlot/sandlot-agent": "agent",
@@ -28,13 +33,13 @@ GO = "go"
 BUILD_FLAGS = ["-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid="]
 
 
-def _sources_digest(go_version: str) -> str:
+def _sources_digest(go_version: str, go_dir: Path = GO_DIR) -> str:
     h = hashlib.sha256(go_version.encode())
-    files = sorted(p for p in GO_DIR.rglob("*")
+    files = sorted(p for p in go_dir.rglob("*")
                    if p.is_file() and (p.name == "go.mod" or (
                        p.suffix == ".go" and not p.name.endswith("_test.go"))))
     for p in files:
-        h.update(str(p.relative_to(GO_DIR)).encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update(str(p.relative_to(go_dir)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -52,11 +57,11 @@ def go_env(cache_dir: Path) -> dict[str, str]:
     }
 
 
-def _go(args: list[str], cache_dir: Path) -> str:
+def _go(args: list[str], cache_dir: Path, go_dir: Path = GO_DIR) -> str:
     if shutil.which(GO) is None:
         raise BuildError("the Go toolchain is not installed (Debian's golang-go; `make setup` "
                          "installs it): sandlot's guest agent and init are built with it")
-    proc = subprocess.run([GO, *args], cwd=GO_DIR, env=go_env(cache_dir),
+    proc = subprocess.run([GO, *args], cwd=go_dir, env=go_env(cache_dir),
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"go {args[0]} failed: {(proc.stdout + proc.stderr)[-3000:]}")
@@ -83,6 +88,25 @@ def build_guest(cache_dir: Path) -> dict[str, Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return files
+
+
+def build_jail_helper(cache_dir: Path) -> Path:
+    """Build (or reuse) the host's `sandlot-jail`; returns its path. BuildError without Go."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    version = _go(["version"], cache_dir, HOST_GO_DIR).strip()
+    out = cache_dir / f"host-{_sources_digest(version, HOST_GO_DIR)}"
+    path = out / JAIL_HELPER
+    if path.is_file():
+        return path
+    out.mkdir(mode=0o755, exist_ok=True)
+    tmp = out / f".{JAIL_HELPER}.{os.getpid()}.tmp"
+    try:
+        _go(["build", *BUILD_FLAGS, "-o", str(tmp), "./jail"], cache_dir, HOST_GO_DIR)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)  # concurrent builders write the same bytes
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def hash_input(files: dict[str, Path]) -> bytes:

@@ -14,7 +14,7 @@ import re
 import shutil
 
 from sandlot.errors import InvalidArgumentError
-from sandlot.vmm.network import NetworkManager, NetworkPolicy, SandboxNetwork
+from sandlot.vmm.network import NetworkManager, NetworkPolicy, PendingNetwork, SandboxNetwork
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,19 @@ class Networking:
                      tap_owner: int | None = None) -> SandboxNetwork:
         return await asyncio.to_thread(functools.partial(
             self.manager.setup, vm_id, policy, tap_owner=tap_owner))
+
+    async def begin(self, vm_id: str, policy: NetworkPolicy,
+                    tap_owner: int | None = None) -> PendingNetwork:
+        """`attach` in two parts: the namespace and its tap (a QEMU can start in it)..."""
+        return await asyncio.to_thread(functools.partial(
+            self.manager.begin, vm_id, policy, tap_owner=tap_owner))
+
+    async def finish(self, pending: PendingNetwork) -> SandboxNetwork:
+        """... then its addresses, routes and rules (before the guest runs)."""
+        return await asyncio.to_thread(self.manager.finish, pending)
+
+    async def abandon(self, pending: PendingNetwork) -> None:
+        await asyncio.to_thread(self.manager.abandon, pending)
 
     async def detach(self, vm_id: str) -> None:
         await asyncio.to_thread(self.manager.teardown, vm_id)

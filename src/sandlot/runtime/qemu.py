@@ -29,12 +29,14 @@ from pathlib import Path
 
 from sandlot.config import Settings
 from sandlot.errors import (
+    BuildError,
     GuestError,
     InvalidArgumentError,
     SandlotError,
     VmmError,
 )
 from sandlot.guest.client import AgentClient, Configure
+from sandlot.images.guest import build_jail_helper
 from sandlot.runtime.base import (
     Captured,
     Image,
@@ -68,7 +70,7 @@ from sandlot.vmm.jail import (
 )
 from sandlot.vmm.machine import DEVICE_MODEL, Machine, MachineSpec
 from sandlot.vmm.memory import PAGE
-from sandlot.vmm.network import NetworkPolicy
+from sandlot.vmm.network import NetworkPolicy, PendingNetwork
 from sandlot.vmm.processes import qemu_alive, qemus_under
 from sandlot.vmm.qemu import QemuInfo, qemu_info
 
@@ -110,6 +112,17 @@ def _build_dirs(build: Path, disk: Path) -> tuple[Path, ...]:
     return tuple(sorted(dirs))
 
 
+def _jail_helper(images: Path) -> Path | None:
+    """sandlot-jail, built (or reused) with the guest's programs; None without Go: QEMU then
+    starts through the chain of shell tools it replaces (vmm/jail.py)."""
+    try:
+        return build_jail_helper(images / "guest")
+    except (BuildError, OSError) as e:
+        log.warning("sandlot-jail not built (%s); confined QEMUs start through shell tools",
+                    e)
+        return None
+
+
 def describe(spec: MachineSpec, cpus: int) -> MachineDescription:
     """The machine `spec` runs, as a snapshot of it records it."""
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
@@ -125,6 +138,7 @@ class QemuRuntime(Runtime):
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())
         if self.jails.enabled:
+            self.jails.helper = _jail_helper(settings.images)
             settings.ensure()
             os.chmod(settings.data_dir, 0o711)  # VMs pass through to their disks; no listing
             self._vm_paths()
@@ -217,6 +231,8 @@ class QemuRuntime(Runtime):
         disks: DiskChain | None = None
         jail: Jail | None = None
         connecting: asyncio.Task | None = None
+        pending: PendingNetwork | None = None
+        finishing: asyncio.Future | None = None  # the network's addresses and rules
         try:
             async with self._restore_slots:
                 lease = await self._hot(image)
@@ -231,14 +247,20 @@ class QemuRuntime(Runtime):
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=hot["disk"],
                                   size=(build / "rootfs.ext4").stat().st_size, owner=owner)
                 if self.network is not None and plan.network is not None:
+                    # QEMU starts once the namespace and its tap exist; their addresses and
+                    # rules are set while it loads, and are there before the guest runs.
                     results = await asyncio.gather(disks.create(),
-                                                   self.network.attach(vm_id, plan.network,
-                                                                       tap_owner=owner),
+                                                   self.network.begin(vm_id, plan.network,
+                                                                      tap_owner=owner),
                                                    return_exceptions=True)
-                    net = results[1] if not isinstance(results[1], BaseException) else None
+                    if not isinstance(results[1], BaseException):
+                        pending = results[1]
                     for result in results:
                         if isinstance(result, BaseException):
                             raise result
+                    assert pending is not None
+                    net = pending.net
+                    finishing = asyncio.ensure_future(self.network.finish(pending))
                 else:
                     await disks.create()
                 spec = MachineSpec(
@@ -265,6 +287,8 @@ class QemuRuntime(Runtime):
                         str(spec.agent_socket), timeout=15, configure=configure,
                         running=running))
                     await machine.wait_chardev_connected("agent")
+                    if finishing is not None:
+                        await finishing
                     await machine.cont()
                     running.set()
                     try:
@@ -287,6 +311,11 @@ class QemuRuntime(Runtime):
         except BaseException:
             if connecting is not None and not connecting.done():
                 connecting.cancel()
+            if finishing is not None:  # a thread: let it end (a failure removes its network)
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(finishing)
+            elif pending is not None:
+                await self.network.abandon(pending)
             await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
             raise
         return vm

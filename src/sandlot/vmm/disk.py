@@ -80,18 +80,31 @@ async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int)
 _EMPTY: dict[tuple[str, str, int], bytes] = {}
 _EMPTY_MAX = 32
 _EMPTY_MAX_BYTES = 1 << 20
+# The first overlay made on a backing file, while it is being made: the fork(N) children of one
+# image all come at once, and wait for it rather than each run qemu-img.
+_MAKING: dict[tuple[str, str, int], asyncio.Future] = {}
 
 
 async def create_overlay_cached(path: Path, backing: Path, backing_fmt: str, size: int) -> None:
     """`create_overlay`, from a copy of one made before for the same backing file if any."""
     key = (str(backing), backing_fmt, size)
     data = _EMPTY.get(key)
+    making = _MAKING.get(key)
+    if data is None and making is not None and not making.get_loop().is_closed():
+        await asyncio.shield(making)  # never fails: then this one runs qemu-img itself
+        data = _EMPTY.get(key)
     if data is None:
-        await create_overlay(path, backing, backing_fmt, size)
-        if path.stat().st_size <= _EMPTY_MAX_BYTES:
-            if len(_EMPTY) >= _EMPTY_MAX:
-                _EMPTY.pop(next(iter(_EMPTY)))
-            _EMPTY[key] = await asyncio.to_thread(path.read_bytes)
+        made = _MAKING[key] = asyncio.get_running_loop().create_future()
+        try:
+            await create_overlay(path, backing, backing_fmt, size)
+            if path.stat().st_size <= _EMPTY_MAX_BYTES:
+                if len(_EMPTY) >= _EMPTY_MAX:
+                    _EMPTY.pop(next(iter(_EMPTY)))
+                _EMPTY[key] = await asyncio.to_thread(path.read_bytes)
+        finally:
+            made.set_result(None)
+            if _MAKING.get(key) is made:
+                del _MAKING[key]
         return
     await asyncio.to_thread(_write_new, path, data)
 

@@ -57,7 +57,8 @@ from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
 
 __all__ = [
     "DNS_ADDRESS", "GATEWAY_ADDRESS", "GUEST_ADDRESS", "GUEST_PREFIX", "NetworkManager",
-    "NetworkPolicy", "PortForwarder", "SandboxNetwork", "host_dns_servers", "run_in_netns",
+    "NetworkPolicy", "PendingNetwork", "PortForwarder", "SandboxNetwork", "host_dns_servers",
+    "run_in_netns",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,15 @@ class _Egress:
     deny: tuple[ipaddress.IPv4Network, ...]
 
 
+@dataclass(frozen=True)
+class PendingNetwork:
+    """A sandbox network `NetworkManager.begin` made and `finish` has not configured yet."""
+
+    net: SandboxNetwork
+    egress: _Egress
+    tap: bool  # its tap is made
+
+
 def host_dns_servers(
     paths: Iterable[str] = ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"),
 ) -> list[str]:
@@ -186,8 +196,30 @@ def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
 
 
 _TUNSETIFF = 0x400454CA
+_TUNSETPERSIST = 0x400454CB
+_TUNSETOWNER = 0x400454CC
 _IFF_TAP = 0x0002
 _IFF_NO_PI = 0x1000
+_IFF_TUN_EXCL = 0x8000
+
+
+def _create_tap(name: str, owner: int | None) -> None:
+    """Make a persistent tap (as `ip tuntap add NAME mode tap user OWNER`, without starting
+    ip) in the calling thread's network namespace."""
+    import fcntl
+    import struct
+
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", name.encode(),
+                                                 _IFF_TAP | _IFF_NO_PI | _IFF_TUN_EXCL))
+        if owner is not None:
+            fcntl.ioctl(fd, _TUNSETOWNER, owner)
+        fcntl.ioctl(fd, _TUNSETPERSIST, 1)
+    except OSError as e:
+        raise SandboxError(f"cannot create tap {name}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
 
 
 def open_tap(netns: str, name: str = TAP) -> int:
@@ -385,6 +417,15 @@ class NetworkManager:
         that existing namespace, which then plays the guest (tests; no QEMU needed).
         ``tap_owner``: the uid of a confined QEMU, which may then open the tap unprivileged.
         """
+        pending = self.begin(sandbox_id, policy, tap=guest_netns is None, tap_owner=tap_owner)
+        return self.finish(pending, guest_netns)
+
+    def begin(self, sandbox_id: str, policy: NetworkPolicy = NetworkPolicy(), *,
+              tap: bool = True, tap_owner: int | None = None) -> PendingNetwork:
+        """The first part of `setup`, what a QEMU needs to start in the sandbox's namespace:
+        the namespace, its veth pair (which takes the address slot) and (``tap``) its tap,
+        not yet configured. Then `finish` (addresses, routes, rules: before the guest runs)
+        or `abandon`. A failure removes what it had made."""
         _check_id(sandbox_id)
         egress = _resolve(policy)
         if sandbox_id in self._nets:
@@ -408,24 +449,42 @@ class NetworkManager:
             except BaseException:
                 self._reserved.discard(slot)
                 raise
-        try:
-            self._create(net, egress, guest_netns, tap_owner)
-        except BaseException:
+        pending = PendingNetwork(net, egress, tap)
+        if tap:
             try:
-                self._remove([(sandbox_id, slot)])
-            except SandboxError as e:
-                log.error("rolling back network of %s: %s", sandbox_id, e)
+                run_in_netns(net.namespace, lambda: _create_tap(TAP, tap_owner))
+            except BaseException:
+                self.abandon(pending)
+                raise
+        return pending
+
+    def finish(self, pending: PendingNetwork, guest_netns: str | None = None) -> SandboxNetwork:
+        """Configure what `begin` made (its addresses, routes and rules) and register it; a
+        failure removes all of it."""
+        net, egress, sandbox_id = pending.net, pending.egress, pending.net.sandbox_id
+        try:
+            self._create(net, egress, guest_netns, tap_made=pending.tap)
+        except BaseException:
+            self.abandon(pending)
             raise
-        finally:
-            with self._lock:
-                self._reserved.discard(slot)
         with self._lock:
+            self._reserved.discard(net.slot)
             self._nets[sandbox_id] = net
             parked = self._parked.pop(sandbox_id, None)
             if parked is not None:  # its exposed ports outlived a pause: they relay here again
                 parked.netns, parked.waker = net.namespace, None
                 self._forwarders[sandbox_id] = parked
         return net
+
+    def abandon(self, pending: PendingNetwork) -> None:
+        """Remove what `begin` made, for a sandbox that will not `finish` it."""
+        try:
+            self._remove([(pending.net.sandbox_id, pending.net.slot)])
+        except SandboxError as e:
+            log.error("rolling back network of %s: %s", pending.net.sandbox_id, e)
+        finally:
+            with self._lock:
+                self._reserved.discard(pending.net.slot)
 
     def park(self, sandbox_id: str, waker: Waker) -> dict[int, tuple[str, int]]:
         """Keep the sandbox's exposed ports listening through its coming teardown (a pause):
@@ -537,19 +596,19 @@ class NetworkManager:
         ]))
 
     def _create(self, net: SandboxNetwork, egress: _Egress, guest_netns: str | None,
-                tap_owner: int | None = None) -> None:
+                tap_made: bool) -> None:
         _write_sysctl("net/ipv4/ip_forward", "1")
         veth = net.host_veth
         _write_sysctl(f"net/ipv6/conf/{veth}/disable_ipv6", "1", missing_ok=True)
         _write_sysctl(f"net/ipv4/conf/{veth}/route_localnet", "0")
-        if guest_netns is None:
-            guest_link = f"tuntap add {TAP} mode tap" + (
-                f" user {tap_owner}" if tap_owner is not None else "")
-        else:
-            guest_link = f"link add {TAP} type veth peer name eth0 netns {guest_netns}"
+        guest_link = []
+        if guest_netns is not None:
+            guest_link = [f"link add {TAP} type veth peer name eth0 netns {guest_netns}"]
+        elif not tap_made:
+            raise InvalidArgumentError("a sandbox network needs its tap or a guest namespace")
         ns_ip = [
             "link set lo up",
-            guest_link,
+            *guest_link,
             f"link set {TAP} address {GATEWAY_MAC}",
             f"addr add {GATEWAY_ADDRESS}/{GUEST_PREFIX} dev {TAP}",
             f"addr add {DNS_ADDRESS}/32 dev {TAP}",

@@ -1,0 +1,3 @@
+module sandlot/host
+
+go 1.19
