@@ -169,6 +169,26 @@ def wait_until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
     return cond()
 
 
+def settled_state() -> tuple[set[str], set[str], set[str]]:
+    """`host_state` once it stops changing (an earlier test's veth may still be going: the
+    kernel removes a deleted namespace's links in the background)."""
+    state = host_state()
+    for _ in range(50):
+        time.sleep(0.2)
+        again = host_state()
+        if again == state:
+            return state
+        state = again
+    return state
+
+
+def _left_of(nets) -> set[str]:
+    """What is left on the host of these networks: namespaces, veths, nft objects."""
+    namespaces, links, objects = host_state()
+    return ({n.namespace for n in nets} & namespaces | {n.host_veth for n in nets} & links
+            | {o for o in objects for n in nets if o.endswith((f"-{n.slot}", f'"{n.host_veth}"'))})
+
+
 def host_state() -> tuple[set[str], set[str], set[str]]:
     """(sl-* namespaces, slv* links, per-sandbox nft objects) on the host right now."""
     namespaces = {n for n in os.listdir("/run/netns")} if os.path.isdir("/run/netns") else set()
@@ -378,7 +398,7 @@ def test_policy_errors(manager: NetworkManager, monkeypatch: pytest.MonkeyPatch)
         raise socket.gaierror(socket.EAI_NONAME, "no such name")
 
     monkeypatch.setattr(network.socket, "getaddrinfo", fail)
-    before = host_state()
+    before = settled_state()
     with pytest.raises(InvalidArgumentError):
         manager.setup("sb-bad", NetworkPolicy(allow_out=("nowhere.test",)))
     with pytest.raises(InvalidArgumentError):
@@ -449,14 +469,14 @@ def test_teardown_and_cleanup_stale(manager: NetworkManager) -> None:
         restarted.teardown(ids[2])
         manager.teardown(ids[1])
         manager.teardown(ids[2])
-        assert wait_until(lambda: host_state() == before)
+        assert wait_until(lambda: not _left_of(nets)), (before, host_state())
     finally:
         for i in ids:
             manager.teardown(i)
 
 
 def test_failed_setup_leaves_nothing(manager: NetworkManager) -> None:
-    before = host_state()
+    before = settled_state()
     with pytest.raises(SandboxError):
         manager.setup(f"sb-f{SFX}", guest_netns="slt-no-such-namespace")
     assert manager.get(f"sb-f{SFX}") is None
