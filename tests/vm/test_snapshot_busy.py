@@ -9,10 +9,15 @@ values, the round in progress and the one before: a lost page shows an older rou
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from snapkit import wait_for
 
+from harness import qemu_pids
 from sandlot import Sandbox
+from sandlot.vmm import write_tracking
 
 HAMMER = r"""
 import signal, time
@@ -80,3 +85,18 @@ def test_fork_of_a_busy_guest_gives_consistent_children(busy):
         for kid in kids:
             kid.kill()
     assert consistent(busy)
+
+
+def test_every_qemu_tracks_what_its_guest_writes(busy, server):
+    """Where the kernel has asynchronous write-protection (Linux 6.7+) and a C compiler is
+    there, every sandbox's QEMU runs with the userfaultfd through which a capture copies while
+    the guest runs and, in the pause, only what it wrote meanwhile: so the tests above take
+    their snapshots and forks that way (vmm/write_tracking.py)."""
+    if not write_tracking.kernel_supports() or shutil.which("cc") is None:
+        pytest.skip("no write tracking on this host: captures copy in the pause")
+    busy.create_snapshot().wait(timeout=120)
+    pids = qemu_pids(server.run_root)
+    assert pids
+    for pid in pids:
+        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert "anon_inode:[userfaultfd]" in links, f"QEMU {pid} tracks no writes"
