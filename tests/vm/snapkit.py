@@ -163,3 +163,43 @@ class Reaper:
                 sbx.kill()
             except Exception:  # noqa: BLE001 - cleanup best effort
                 pass
+
+
+HAMMER = r"""
+import signal, time
+buf = bytearray(64 << 20)
+rnd = 0
+def report(*_):
+    found = sorted({buf[i] for i in range(0, len(buf), 4096)})
+    with open("/tmp/hammer.out", "w") as f:
+        f.write(" ".join(map(str, found)) + "\n")
+signal.signal(signal.SIGUSR1, report)
+open("/tmp/hammer.pid", "w").write("started\n")
+while True:
+    rnd = rnd % 255 + 1
+    for i in range(0, len(buf), 4096):
+        buf[i] = rnd
+"""
+# The kernel busy too, inside getrandom() for seconds under TCG: page allocation, RNG, copies.
+STIR = ("python3 -c 'import os, time; b = bytearray(os.urandom(50 << 20)); time.sleep(600)' "
+        ">/dev/null 2>&1 & sleep 0.2")
+
+
+def start_hammer(sbx: Sandbox) -> None:
+    """A guest process rewriting one byte of every page of 64 MiB with a round number, over
+    and over (`consistent` checks a snapshot of it)."""
+    sbx.files.write("/root/hammer.py", HAMMER)
+    sbx.commands.run("python3 /root/hammer.py >/dev/null 2>&1 &", check=True)
+    wait_for(lambda: sbx.files.exists("/tmp/hammer.pid"), timeout=30, what="the hammer")
+
+
+def consistent(sbx: Sandbox) -> bool:
+    """The hammer's memory holds one round, or two adjacent ones."""
+    sbx.commands.run("rm -f /tmp/hammer.out; pkill -USR1 -f hammer.py", check=True)
+    out = wait_for(lambda: sbx.commands.run("cat /tmp/hammer.out 2>/dev/null").stdout,
+                   timeout=30, what="the hammer's report")
+    values = [int(v) for v in out.split()]
+    if len(values) == 1:
+        return True
+    low, high = values[0], values[-1]
+    return len(values) == 2 and (high - low == 1 or (low, high) == (1, 255))

@@ -94,16 +94,25 @@ class ImageStore:
     async def put(self, image: Image, files: dict[str, Data],
                   changed: dict[str, list[tuple[int, int]]], meta: dict,
                   related: list[str], memo: DigestMemo | None = None,
-                  ready: dict[str, Awaitable] | None = None) -> Stored:
+                  ready: dict[str, Awaitable] | None = None,
+                  since: tuple[str, dict[str, list[tuple[int, int]]]] | None = None) -> Stored:
         """Store a captured image. `related`: images it came from, nearest first (its
         source, the sandbox's previous snapshot); `changed`: per file, the byte ranges that
-        may differ from the first of them. A file is a path or its contents (a capture's RAM
-        before its file is written); `ready`: per file, what to wait for before reading it."""
+        may differ from the first of them; `since`: another image and, per file, the byte
+        ranges that may differ from it (the sandbox's last stored capture and what was written
+        since: used first while its manifest is there). A file is a path or its contents (a
+        capture's RAM before its file is written); `ready`: per file, what to wait for before
+        reading it."""
+        ranges = {related[0]: changed} if related else {}
+        if since is not None and since[0] != image.key:
+            related = [since[0], *(k for k in related if k != since[0])]
+            ranges = {since[0]: since[1], **ranges}
         known = await self._first(related)
         base = known[0] if known and image.key != known[0].key else None
         ready = ready or {}
-        sources = {n: Source(p, changed.get(n) if base and base.key == related[0] else None,
-                             ready.get(n))
+        base_ranges = ranges.get(base.key, {}) if base is not None else {}
+        sources = {n: Source(p, base_ranges.get(n) if base is not None and base.key in ranges
+                             else None, ready.get(n))
                    for n, p in files.items()}
         manifest, added = await self.store.put(
             image.key, "template" if image.is_template else "snapshot", sources,

@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from sandlot.config import Settings
 from sandlot.errors import (
     BuildError,
@@ -96,6 +98,21 @@ class _Capture:
     filled: Callable[[], None] | None = None  # lets restores from the entry go on
     flatten: asyncio.Task | None = None  # the disk file, being written
     stored: bool = False
+    # (the VM's last stored capture, per RAM file the byte ranges written since): what may
+    # differ from that image, if its manifest is still there
+    since: tuple[str, dict[str, list[tuple[int, int]]]] | None = None
+
+
+def _written_since(base: tuple[str, dict] | None, written: dict | None
+                   ) -> tuple[str, dict] | None:
+    """(the VM's last stored capture, per region the pages written since it, this capture's
+    included), from what it was before this capture and what this capture's tracker saw."""
+    if base is None or written is None:
+        return None
+    key, before = base
+    empty = np.zeros(0, dtype=np.int64)
+    return key, {name: np.union1d(before.get(name, empty), pages)
+                 for name, pages in written.items()}
 
 
 def _byte_ranges(pages) -> list[tuple[int, int]]:
@@ -495,6 +512,7 @@ class QemuRuntime(Runtime):
         filled = await self.cache.filling(key) if persistent and memory else None
         self._vm_paths()
         result = None
+        since = None
         try:
             if not memory:  # the disk is all it keeps: what the guest wrote must be on it
                 await _sync_guest(vm, SYNC_TIMEOUT)
@@ -509,10 +527,16 @@ class QemuRuntime(Runtime):
                     raise VmmError(f"sandbox {vm.id}: its disk chain could not be compacted "
                                    "before the snapshot")
                 if memory:
+                    # The pages written since the VM's last stored capture: known only while
+                    # every capture in between was tracked and went through.
+                    ram_base, vm.ram_base = vm.ram_base, None
                     result = await vmm_snapshot.capture(vm.machine, vm.disks,
                                                         self.cache.dir(key),
                                                         defer_ram=persistent)
                     pause_ms, changed_pages = result.pause_ms, result.changed
+                    since = _written_since(ram_base, result.written)
+                    if result.written is not None:
+                        vm.ram_base = (key, {}) if persistent else since
                 else:
                     await vmm_snapshot.freeze_disk(vm.machine, vm.disks)
                     pause_ms, changed_pages = 0.0, {}
@@ -564,7 +588,9 @@ class QemuRuntime(Runtime):
                                         for name, pages in changed_pages.items()}
         self._captures[key] = _Capture(lease, related, changed, vm,
                                        result.pending if result is not None else None, filled,
-                                       flatten)
+                                       flatten, since=None if since is None else (
+                                           since[0], {name: _byte_ranges(pages)
+                                                      for name, pages in since[1].items()}))
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
         machine = describe(vm.machine.spec, vm.cpus)
@@ -620,7 +646,7 @@ class QemuRuntime(Runtime):
         if vm is not None and DigestMemo.available():
             memo = DigestMemo(self._memos.get(vm.id))
         stored = await self.store.put(captured.image, files, held.changed, meta, held.related,
-                                      memo, ready)
+                                      memo, ready, since=held.since)
         if memo is not None and vm is not None and not vm.machine.exited:
             self._memos[vm.id] = memo.seen
         held.stored = True

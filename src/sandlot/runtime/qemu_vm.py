@@ -34,6 +34,9 @@ class QemuVm(Vm):
     lease: Lease | None = None  # on the image's hot files (None: a cold-booted template VM)
     network: SandboxNetwork | None = None
     last_capture: str | None = None  # the last image captured of it (stored ones only)
+    # (its last stored capture with memory, per RAM region the pages written since), while
+    # every capture since was tracked (vmm/write_tracking.py); not kept across restarts
+    ram_base: tuple[str, dict] | None = field(default=None, repr=False)
     booted: bool = False  # booted from its image's disk: its RAM is its own (anonymous)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # captures and disk merges
     # A stored capture's disk, flattened from the frozen layer while its RAM is hashed:

@@ -50,6 +50,11 @@ class StoppedCopy:
     def finish(self) -> list[Delta]:
         return self.deltas
 
+    def written(self) -> dict[str, np.ndarray] | None:
+        """Per region, the pages written since the machine's last capture's pause, as the
+        tracker saw them (None: not tracked)."""
+        return None
+
     def _release_deltas(self) -> None:
         for delta in self.deltas:
             try:
@@ -89,10 +94,11 @@ class TrackedCopy(StoppedCopy):
         self.tracker = tracker
         self._used = 0  # slots taken in the buffer
         self._new: list[np.ndarray] = []  # per region: pages new in the pause, their slots
+        self._collected: dict[str, list[np.ndarray]] = {}  # what each collect returned
 
     def prepare(self) -> None:
         for region in self.regions:
-            self.tracker.collect(region)
+            self._collected[region.name] = [self.tracker.collect(region)]
         changed = [(r, memory.changed_pages(self.pid, r)) for r in self.regions]
         counted = sum(len(p) for _, p in changed)
         room = counted + sum(r.size // PAGE for r in self.regions)
@@ -116,6 +122,7 @@ class TrackedCopy(StoppedCopy):
         offset = 0
         for delta in self.deltas:
             written = self.tracker.collect(delta.region)
+            self._collected[delta.region.name].append(written)
             self.pages_in_pause += len(written)
             pages = delta.pages
             at = np.searchsorted(pages, written)
@@ -130,6 +137,14 @@ class TrackedCopy(StoppedCopy):
             self._new.append(np.stack([new, slots[~known]]))
             offset += len(pages)
         memory.copy_pages(self.pid, parts, self.buffer.address)
+
+    def written(self) -> dict[str, np.ndarray] | None:
+        """What the two collects of this capture returned: the pages written since the last
+        collect before it (the last capture's pause, or a first arming: then every page not
+        yet protected, a superset), up to this pause."""
+        if self.tracking_failed:
+            return None
+        return {name: np.unique(np.concatenate(parts)) for name, parts in self._collected.items()}
 
     def finish(self) -> list[Delta]:
         if not any(new.shape[1] for new in self._new):

@@ -97,6 +97,8 @@ class CaptureResult:
     phases_ms: dict[str, float] = field(default_factory=dict)
     pending: PendingRam | None = None  # with `defer_ram`: the RAM files, not yet written
     pages_in_pause: int = 0  # pages copied with the VM stopped
+    # Per region, pages written since the machine's previous capture (None: not tracked).
+    written: dict[str, np.ndarray] | None = None
 
 
 def _regions(machine: Machine) -> list[memory.Region]:
@@ -190,12 +192,13 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
         raise
     finally:
         changed = {d.region.name: d.pages for d in deltas}
+        written_pages = copier.written()
         copier.close()
     return CaptureResult(ram=out["ram"], dimm=out.get("dimm"), devstate=devstate,
                          pause_ms=(resumed_at - paused_at) * 1000,
                          total_ms=(time.monotonic() - t0) * 1000,
                          changed=changed, phases_ms=phases, pending=pending,
-                         pages_in_pause=copier.pages_in_pause)
+                         pages_in_pause=copier.pages_in_pause, written=written_pages)
 
 
 async def _prepared_copy(machine: Machine, regions: list[memory.Region], disks: DiskChain,
