@@ -21,7 +21,7 @@ from sandlot.vmm.write_tracking import WriteTracker
 log = logging.getLogger(__name__)
 
 MARGIN_PAGES = 8192  # 32 MiB: pages a running guest may change between the count and the pause
-WRITTEN_MARGIN_PAGES = 2048  # 8 MiB: pages written during a precopy, before the buffer grows
+WRITTEN_MARGIN_PAGES = 2048  # 8 MiB faulted in ahead for pages new in the pause (more: on write)
 
 
 class StoppedCopy:
