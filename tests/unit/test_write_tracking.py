@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from sandlot.vmm import memory, write_tracking
+from sandlot.vmm import memory, ram_copy, write_tracking
 from sandlot.vmm.memory import PAGE, Region
 from sandlot.vmm.ram_copy import TrackedCopy
 
@@ -184,6 +184,38 @@ def test_a_precopy_whose_tracking_fails_copies_it_all_in_the_pause(child):
         child.stop()
         copier.in_pause()
         assert copier.tracking_failed
+        for delta in copier.finish():
+            pages = memory.changed_pages(child.proc.pid, delta.region)
+            assert delta.pages.tolist() == pages.tolist()
+            assert _held(delta) == _read(child.proc.pid, delta.region, pages)
+        assert copier.pages_in_pause == sum(len(d.pages) for d in copier.deltas)
+    finally:
+        copier.close()
+
+
+def test_a_precopy_without_room_for_new_pages_copies_it_all_in_the_pause(child, monkeypatch):
+    """Where the address space for every page cannot be reserved (strict overcommit), the
+    buffer has a margin only; more pages new in the pause than it holds: the pause copies
+    every changed page, and what the tracker saw stays whole for the next capture."""
+
+    class NoReserve(ram_copy.PageBuffer):
+        def __init__(self, pages: int, populate: int | None = None) -> None:
+            if populate is not None:
+                raise OSError(12, "Cannot allocate memory")
+            super().__init__(pages)
+
+    monkeypatch.setattr(ram_copy, "PageBuffer", NoReserve)
+    monkeypatch.setattr(ram_copy, "WRITTEN_MARGIN_PAGES", 0)
+    child.send("busy")
+    time.sleep(0.1)
+    regions = [child.regions["file"], child.regions["anon"]]
+    copier = TrackedCopy(child.proc.pid, regions, child.tracker)
+    try:
+        copier.prepare()
+        time.sleep(0.05)  # the hammer makes new pages meanwhile
+        child.stop()
+        copier.in_pause()
+        assert not copier.tracking_failed and copier.written() is not None
         for delta in copier.finish():
             pages = memory.changed_pages(child.proc.pid, delta.region)
             assert delta.pages.tolist() == pages.tolist()

@@ -71,6 +71,10 @@ class StoppedCopy:
             self.buffer = None
 
 
+class _BufferFull(Exception):
+    """The pages new in the pause do not fit in the precopy's buffer."""
+
+
 class TrackedCopy(StoppedCopy):
     """Precopy with exact write tracking:
 
@@ -102,13 +106,23 @@ class TrackedCopy(StoppedCopy):
         changed = [(r, memory.changed_pages(self.pid, r)) for r in self.regions]
         counted = sum(len(p) for _, p in changed)
         room = counted + sum(r.size // PAGE for r in self.regions)
-        self.buffer = PageBuffer(room, populate=counted + WRITTEN_MARGIN_PAGES)
+        try:
+            self.buffer = PageBuffer(room, populate=counted + WRITTEN_MARGIN_PAGES)
+        except OSError:  # no room to reserve (strict overcommit): the margin alone
+            self.buffer = PageBuffer(counted + WRITTEN_MARGIN_PAGES)
         self.deltas = memory.read_pages(self.pid, changed, self.buffer)
         self._used = counted
 
     def in_pause(self) -> None:
         try:
             self._copy_written()
+        except _BufferFull:  # more pages new than the buffer holds: copy it all, tracked still
+            log.info("QEMU %d: copying every changed page in the pause (%d new)", self.pid,
+                     self.pages_in_pause)
+            self._release_deltas()
+            self._new = []
+            self.pages_in_pause = 0
+            StoppedCopy.in_pause(self)
         except VmmError as e:  # e.g. the userfaultfd is gone: copy it all, as without
             log.warning("QEMU %d: copying every changed page in the pause: %s", self.pid, e)
             self.tracking_failed = True
@@ -136,6 +150,8 @@ class TrackedCopy(StoppedCopy):
             parts.append((delta.region, written, slots))
             self._new.append(np.stack([new, slots[~known]]))
             offset += len(pages)
+        if self._used > self.buffer.pages:  # every region collected: `written` holds
+            raise _BufferFull
         memory.copy_pages(self.pid, parts, self.buffer.address)
 
     def written(self) -> dict[str, np.ndarray] | None:
