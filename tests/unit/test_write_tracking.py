@@ -158,6 +158,15 @@ def test_a_precopy_of_a_busy_process_is_its_memory_at_the_stop(child):
             copier.close()
 
 
+def _holds_all_copied_in_the_pause(child: Child, copier: TrackedCopy) -> None:
+    """The copy is the stopped process's changed pages, every one copied in the pause."""
+    for delta in copier.finish():
+        pages = memory.changed_pages(child.proc.pid, delta.region)
+        assert delta.pages.tolist() == pages.tolist()
+        assert _held(delta) == _read(child.proc.pid, delta.region, pages)
+    assert copier.pages_in_pause == sum(len(d.pages) for d in copier.deltas)
+
+
 def _held(delta) -> bytes:
     """The delta's pages, in page order."""
     return b"".join(bytes(delta.data[slot * PAGE:(slot + 1) * PAGE])
@@ -184,11 +193,7 @@ def test_a_precopy_whose_tracking_fails_copies_it_all_in_the_pause(child):
         child.stop()
         copier.in_pause()
         assert copier.tracking_failed
-        for delta in copier.finish():
-            pages = memory.changed_pages(child.proc.pid, delta.region)
-            assert delta.pages.tolist() == pages.tolist()
-            assert _held(delta) == _read(child.proc.pid, delta.region, pages)
-        assert copier.pages_in_pause == sum(len(d.pages) for d in copier.deltas)
+        _holds_all_copied_in_the_pause(child, copier)
     finally:
         copier.close()
 
@@ -216,10 +221,6 @@ def test_a_precopy_without_room_for_new_pages_copies_it_all_in_the_pause(child, 
         child.stop()
         copier.in_pause()
         assert not copier.tracking_failed and copier.written() is not None
-        for delta in copier.finish():
-            pages = memory.changed_pages(child.proc.pid, delta.region)
-            assert delta.pages.tolist() == pages.tolist()
-            assert _held(delta) == _read(child.proc.pid, delta.region, pages)
-        assert copier.pages_in_pause == sum(len(d.pages) for d in copier.deltas)
+        _holds_all_copied_in_the_pause(child, copier)
     finally:
         copier.close()
