@@ -1,7 +1,9 @@
-"""Memory of QEMU processes, from /proc/<pid>/smaps and smaps_rollup (values in MiB)."""
+"""Memory of QEMU processes, from /proc/<pid>/smaps and smaps_rollup (values in MiB), and
+the CPU a process used."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,3 +62,9 @@ def process_pss_kib(pid: int) -> int:
 def file_allocated_mib(path: Path) -> float:
     """Space a (sparse) file really takes, e.g. a snapshot RAM file on tmpfs."""
     return path.stat().st_blocks * 512 / 2**20
+
+
+def process_cpu_ms(pid: int) -> float:
+    """CPU (user + system) a process has used so far, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")

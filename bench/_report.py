@@ -207,6 +207,7 @@ ROWS = [
     Row("  of which TCG code cache (rwx anon)", "fork8_jit_pss_mib", "MiB"),
     Row("  PSS per child of fork({big_fork})", "fork32_pss_mib", "MiB"),
     Row("{idle} idle sandboxes, total PSS", None, "MiB", value_key="idle20_pss_mib"),
+    Row("  host CPU of each idle sandbox (its QEMU)", "idle_cpu_ms_per_s", "ms/s"),
 ]
 
 

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from _pause import measure_snapshot, start_holder
 from _plan import Plan
-from _procmem import file_allocated_mib, qemu_memory
+from _procmem import file_allocated_mib, process_cpu_ms, qemu_memory
 from _server import IMAGES_DIR, BenchServer
 from _stats import Series, ms_since
 from sandlot import Sandbox, Sandlot, SandlotError, Snapshot
@@ -424,6 +424,13 @@ def step_idle(ctx: Ctx) -> None:
             r.s("create_loaded_ms").add(ms)
         time.sleep(plan.settle_s)
         mems = [qemu_memory(s.info.pid, ctx.hot_dir) for s in made]
+        # Host CPU of an idle sandbox: its QEMU's (the guest's timers, the agent's wake-ups).
+        pids = [s.info.pid for s in made]
+        before, t0 = [process_cpu_ms(p) for p in pids], time.monotonic()
+        time.sleep(plan.idle_cpu_s)
+        after, seconds = [process_cpu_ms(p) for p in pids], time.monotonic() - t0
+        for a, b in zip(before, after, strict=True):
+            r.s("idle_cpu_ms_per_s").add((b - a) / seconds)
         r.values["idle20_pss_mib"] = sum(m.pss_mib for m in mems)
         r.values["idle_pss_per_sandbox_mib"] = r.values["idle20_pss_mib"] / len(mems)
         private = sum(m.ram_private_mib for m in mems)

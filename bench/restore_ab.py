@@ -26,17 +26,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _procmem import process_cpu_ms
 from sandlot import Sandbox
 from sandlot.testing import ServerProcess
 
 
 def ms_since(t0: float) -> float:
     return (time.monotonic() - t0) * 1000
-
-
-def qemu_cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def images_view(root: Path, images: Path, build: str) -> Path:
@@ -57,7 +53,7 @@ def images_view(root: Path, images: Path, build: str) -> Path:
 def first_commands(kids: list[Sandbox], add, label: str) -> None:
     def run(kid: Sandbox) -> None:
         kid.commands.run("true")
-        add(f"{label} child CPU after its first command", qemu_cpu_ms(kid.get_info().pid))
+        add(f"{label} child CPU after its first command", process_cpu_ms(kid.get_info().pid))
 
     with ThreadPoolExecutor(len(kids)) as ex:
         list(ex.map(run, kids))
@@ -71,7 +67,7 @@ def one_round(kw: dict, add, fork8: bool) -> None:
     box.commands.run("true")
     add("  its first command", ms_since(t1))
     add("restore -> first command", ms_since(t0))
-    add("restore: CPU of its QEMU after the first command", qemu_cpu_ms(box.get_info().pid))
+    add("restore: CPU of its QEMU after the first command", process_cpu_ms(box.get_info().pid))
     t0 = time.monotonic()
     kids = box.fork(1)
     add("fork(1) call", ms_since(t0))

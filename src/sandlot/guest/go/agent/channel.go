@@ -29,8 +29,11 @@ type channel struct {
 	rc        syscall.RawConn // nil: wait with poll(2) (an fd epoll does not take)
 }
 
-// pollWait is how long a read waits before it looks again (as the poll(2) loop did).
-const pollWait = time.Second
+// pollWait is how long a read waits before it looks again: only a safety net, since the poller
+// wakes the read when the host sends. It is long because every expiry wakes an idle guest
+// (the read, then the runtime's sysmon polling for a while): at one second that cost an idle
+// sandbox ~30 ms of host CPU per second under TCG, two thirds of all it used (bench/, "idle").
+const pollWait = 30 * time.Second
 
 func newChannel(fd int, exitOnEOF bool) *channel {
 	f := os.NewFile(uintptr(fd), "sandlot-port") // non-blocking: registered with the poller
