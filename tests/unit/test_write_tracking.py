@@ -9,12 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sandlot.errors import VmmError
 from sandlot.vmm import memory, ram_copy, write_tracking
+from sandlot.vmm.machine import MachineSpec
 from sandlot.vmm.memory import PAGE, Region
 from sandlot.vmm.ram_copy import TrackedCopy
 
@@ -224,3 +228,31 @@ def test_a_precopy_without_room_for_new_pages_copies_it_all_in_the_pause(child, 
         _holds_all_copied_in_the_pause(child, copier)
     finally:
         copier.close()
+
+
+def test_a_closed_tracker_refuses_and_waits_for_a_scan_under_way(child):
+    """A capture cancelled mid-scan leaves the scan's thread running: closing the tracker waits
+    for it, and a scan after the close is an error, never a read of a reused descriptor."""
+    anon = child.regions["anon"]
+    child.tracker.collect(anon)
+    scans = [threading.Thread(target=child.tracker.collect, args=(anon,)) for _ in range(4)]
+    for scan in scans:
+        scan.start()
+    child.tracker.close()
+    for scan in scans:
+        scan.join()
+    with pytest.raises(VmmError, match="closed"):
+        child.tracker.collect(anon)
+    child.tracker.close()  # twice: nothing to do
+
+
+def test_guest_ram_is_never_merged_by_the_host():
+    """KSM would merge identical pages across tenants (a side channel), and a page it turns
+    into the zero page loses its write-tracking mark: every RAM backend says merge=off, which
+    leaves the device model (what snapshots are checked against) as it was."""
+    spec = MachineSpec(run_dir=Path("/r"), kernel=Path("/k"), initrd=Path("/i"),
+                       disk=Path("/d"), ram_path=Path("/m"), machine_type="pc-q35-7.2",
+                       dimm_mb=512, dimm_path=Path("/m2"))
+    backends = [a for a in spec.command() if a.startswith("memory-backend")]
+    assert len(backends) == 2 and all(b.endswith(",merge=off") for b in backends)
+    assert not any("merge" in a for a in spec.command(host_options=False))

@@ -53,7 +53,7 @@ async def apply(machine: Machine, extra_mb: int) -> None:
     """Hotplug `extra_mb` of memory into a paused, restored machine."""
     if extra_mb:
         await machine.execute("object-add", {"qom-type": "memory-backend-ram", "id": "dimm0",
-                                             "size": extra_mb << 20})
+                                             "size": extra_mb << 20, "merge": False})
         await machine.execute("device_add", {"driver": "pc-dimm", "id": "pcdimm0",
                                              "memdev": "dimm0"})
         machine.spec = machine.spec.with_(dimm_mb=extra_mb, dimm_path=None)

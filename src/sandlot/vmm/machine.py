@@ -51,6 +51,13 @@ KERNEL_CMDLINE = (
 TCG_CMDLINE = " norandmaps"
 
 
+# Guest RAM is never merged by the host's KSM, should it run: merging identical pages across
+# sandboxes is a side channel between tenants (CVE-2015-2877), and a page KSM turns into the
+# shared zero page loses its write-tracking mark (vmm/write_tracking.py). Host-only: out of
+# DEVICE_MODEL, like the disks' host options.
+RAM_HOST_OPTIONS = ",merge=off"
+
+
 def kernel_cmdline(accel: str) -> str:
     return KERNEL_CMDLINE + (TCG_CMDLINE if accel == "tcg" else "")
 
@@ -110,18 +117,21 @@ class MachineSpec:
     def agent_socket(self) -> Path:
         return self.run_dir / "agent.sock"
 
-    def _backend(self, name: str, size_mb: int, path: Path | None) -> str:
+    def _backend(self, name: str, size_mb: int, path: Path | None,
+                 host_options: bool = True) -> str:
         """Anonymous RAM without a path; else the file, shared or copy-on-write."""
+        extra = RAM_HOST_OPTIONS if host_options else ""
         if path is None:
-            return f"memory-backend-ram,id={name},size={size_mb}M"
+            return f"memory-backend-ram,id={name},size={size_mb}M{extra}"
         share = "on" if self.ram_share else "off"
-        return f"memory-backend-file,id={name},size={size_mb}M,mem-path={path},share={share}"
+        return (f"memory-backend-file,id={name},size={size_mb}M,mem-path={path},share={share}"
+                f"{extra}")
 
     def command(self, host_options: bool = True) -> list[str]:
         """QEMU's command line; `host_options` False leaves out the disk options that change
         only what the host does with guest requests (see DISK_HOST_OPTIONS)."""
         mem = f"{self.base_mb}M"
-        backend = self._backend("mem", self.base_mb, self.ram_path)
+        backend = self._backend("mem", self.base_mb, self.ram_path, host_options)
         cmd = [
             *(self.jail.prefix() if self.jail else self.exec_prefix),
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
@@ -153,7 +163,7 @@ class MachineSpec:
             "-global", "migration.send-configuration=off", "-global", "apic.vapic=off",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.run_dir / "qemu.pid"),
-            *self.dimm_args(),
+            *self.dimm_args(host_options),
         ]
         if self.jail is not None:
             cmd += ["-sandbox", SECCOMP]
@@ -162,10 +172,10 @@ class MachineSpec:
         return cmd
 
 
-    def dimm_args(self) -> list[str]:
+    def dimm_args(self, host_options: bool = True) -> list[str]:
         if not self.dimm_mb:
             return []
-        return ["-object", self._backend("dimm0", self.dimm_mb, self.dimm_path),
+        return ["-object", self._backend("dimm0", self.dimm_mb, self.dimm_path, host_options),
                 "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
 
 

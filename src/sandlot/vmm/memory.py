@@ -114,11 +114,12 @@ class PageBuffer:
     def _grow(self, pages: int, populate: int | None = None) -> None:
         if pages <= self.pages:
             return
-        if self._map is not None:
+        size = max(pages, 1)
+        grown = mmap.mmap(-1, size * PAGE,
+                          flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        if self._map is not None:  # only once the new one is there: a failed grow keeps it
             self._map.close()
-        self.pages = max(pages, 1)
-        self._map = mmap.mmap(-1, self.pages * PAGE,
-                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        self._map, self.pages = grown, size
         touch = self.pages if populate is None else max(0, min(populate, self.pages))
         if not touch:
             return

@@ -205,10 +205,9 @@ async def _prepared_copy(machine: Machine, regions: list[memory.Region], disks: 
                          phases: dict[str, float]) -> StoppedCopy:
     """The RAM copy, prepared (a thread), while QEMU opens the disk's next overlay. With
     write tracking the copy runs now; if tracking fails, the machine goes on without it."""
-    tracker = machine.write_tracker()
-
     def prepare() -> StoppedCopy:
         t = time.monotonic()
+        tracker = machine.write_tracker()  # its first lookup reads QEMU's fd table: a thread
         copier = ram_copy(machine.pid, regions, tracker)
         try:
             copier.prepare()

@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 import threading
 from pathlib import Path
@@ -100,10 +101,13 @@ def _library_path() -> Path | None:
 def _build() -> Path | None:
     source = SOURCE.read_bytes()
     out = LIBRARY_DIR / f"write-tracking-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if out.exists():
+    if _trusted(out):
         return out
     try:
         LIBRARY_DIR.mkdir(parents=True, exist_ok=True)
+        os.chmod(LIBRARY_DIR, 0o755)  # every VM's uid loads it; whatever the server's umask
+        if not _trusted(LIBRARY_DIR):
+            raise OSError(f"{LIBRARY_DIR} is not the server's own, or others may write to it")
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
                        check=True, capture_output=True, timeout=60)
@@ -117,14 +121,25 @@ def _build() -> Path | None:
     return out
 
 
+def _trusted(path: Path) -> bool:
+    """Whether `path` exists, is the server user's, and no one else may write to it: the
+    library is loaded into QEMU and into the privileged commands that start it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 _supported: bool | None = None
 
 
 def kernel_supports() -> bool:
-    """Asynchronous write-protection and PAGEMAP_SCAN (Linux 6.7+), tried on this process."""
+    """Asynchronous write-protection and PAGEMAP_SCAN (Linux 6.7+), tried on this process.
+    x86-64 only: the system call numbers above are that architecture's."""
     global _supported
     if _supported is None:
-        _supported = _try_kernel()
+        _supported = platform.machine() == "x86_64" and _try_kernel()
     return _supported
 
 
@@ -159,8 +174,17 @@ class WriteTracker:
         self._pagemap = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
         self._registered: set[int] = set()
         self._vec = (ctypes.c_uint64 * (3 * _VEC_REGIONS))()
+        # One call at a time: a capture cancelled mid-scan leaves its thread running, and a
+        # close must not free the descriptors under it (or the next scan share its vector).
+        self._busy = threading.Lock()
 
     def register(self, regions: list[Region]) -> None:
+        with self._busy:
+            self._register(regions)
+
+    def _register(self, regions: list[Region]) -> None:
+        if self._uffd < 0:
+            raise VmmError(f"QEMU {self.pid}: its write tracking is closed")
         for region in regions:
             if region.start in self._registered:
                 continue
@@ -175,7 +199,11 @@ class WriteTracker:
         """Indices of the region's anonymous pages written since the last `collect`, sorted;
         they are write-protected again. The first `collect` of a region arms it: it lists
         every page not yet protected, written or not."""
-        self.register([region])
+        with self._busy:
+            return self._collect(region)
+
+    def _collect(self, region: Region) -> np.ndarray:
+        self._register([region])
         end = region.start + region.size
         start = region.start
         found: list[np.ndarray] = []
@@ -203,10 +231,11 @@ class WriteTracker:
         return np.concatenate(found)
 
     def close(self) -> None:
-        for fd in (self._uffd, self._pagemap):
-            if fd >= 0:
-                os.close(fd)
-        self._uffd = self._pagemap = -1
+        with self._busy:
+            for fd in (self._uffd, self._pagemap):
+                if fd >= 0:
+                    os.close(fd)
+            self._uffd = self._pagemap = -1
 
 
 def _expand(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
