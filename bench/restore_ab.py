@@ -11,6 +11,8 @@ TEMPLATE_HASH a build of `base` in /var/lib/sandlot/images/builds (or --images).
 side: a create without the pool (a restore) and its first command; fork(1) to its child's
 first command; then `--fork8` rounds of fork(8) to all children's first commands. CPU per
 child: utime + stime of its QEMU process (/proc/<pid>/stat) right after its first command.
+With `--idle N`, then N sandboxes per side left idle (20 s to settle), and the host CPU of each
+one's QEMU over `--idle-windows` windows of 10 s, all sides at once.
 """
 
 from __future__ import annotations
@@ -85,11 +87,33 @@ def one_round(kw: dict, add, fork8: bool) -> None:
     box.kill()
 
 
+def idle_cpu(servers: dict, count: int, windows: int, add) -> None:
+    """Host CPU (ms per second) of `count` idle sandboxes per side, read over the same windows."""
+    boxes = {name: [Sandbox.create(timeout=1800, **srv.client_kwargs()) for _ in range(count)]
+             for name, srv in servers.items()}
+    pids = {name: [box.get_info().pid for box in made] for name, made in boxes.items()}
+    time.sleep(20)
+    for _ in range(windows):
+        t0 = time.monotonic()
+        before = {n: [process_cpu_ms(p) for p in ps] for n, ps in pids.items()}
+        time.sleep(10)
+        seconds = time.monotonic() - t0
+        for name, ps in pids.items():
+            for pid, cpu in zip(ps, before[name], strict=True):
+                add(name, "idle: host CPU per sandbox (ms/s)",
+                    (process_cpu_ms(pid) - cpu) / seconds)
+    for made in boxes.values():
+        for box in made:
+            box.kill()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sides", nargs="+", metavar="NAME=SRC_DIR:TEMPLATE_HASH")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--fork8", type=int, default=4, help="rounds that also fork(8)")
+    p.add_argument("--idle", type=int, default=0, help="idle sandboxes per side (0: none)")
+    p.add_argument("--idle-windows", type=int, default=6)
     p.add_argument("--images", default="/var/lib/sandlot/images")
     args = p.parse_args()
     sides = {}
@@ -119,6 +143,9 @@ def main() -> None:
                 one_round(servers[name].client_kwargs(),
                           lambda k, v, n=name: results[n].setdefault(k, []).append(v),
                           fork8=r < args.fork8)
+        if args.idle:
+            idle_cpu(servers, args.idle, args.idle_windows,
+                     lambda n, k, v: results[n].setdefault(k, []).append(v))
     finally:
         for srv in servers.values():
             srv.close()
@@ -126,7 +153,7 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()}")
     names = list(sides)
     print(f"{'figure (p50 ms, n)':52}" + "".join(f"{n:>14}" for n in names))
-    for key in results[names[0]]:
+    for key in [k for k in results[names[0]] if all(k in results[n] for n in names)]:
         print(f"{key:52}" + "".join(
             f"{statistics.median(results[n][key]):10.1f} ({len(results[n][key]):2d})"
             for n in names))
