@@ -97,3 +97,17 @@ async def test_listing_is_bounded_by_the_agent(linked, tmp_path) -> None:
             await client.list_dir(str(tmp_path), 1, max_entries=29)
     finally:
         await client.close()
+
+
+async def test_writes_held_for_a_capture_wait_and_then_go(linked) -> None:
+    """While a capture's pause holds the link's writes (QEMU would put them in guest RAM with
+    the VM stopped), a request waits; it goes, and is answered, once they are released."""
+    client = await linked()
+    async with client.writes_held():
+        ping = asyncio.create_task(client.ping())
+        await asyncio.sleep(0.3)
+        assert not ping.done()  # not even sent
+    await asyncio.wait_for(ping, 5)
+    async with client.writes_held():  # a held link with nothing to write
+        pass
+    assert (await asyncio.wait_for(client.run("echo after"), 10)).exit_code == 0

@@ -15,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import os
 import secrets
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -247,6 +250,14 @@ class Configure:
         return out
 
 
+def _unread(fd: int) -> int:
+    """Bytes written to a unix socket that its peer has not read yet (SIOCOUTQ); 0 if unknown."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
 class AgentClient:
     """A session with the guest agent. Create with `await AgentClient.connect(path)`."""
 
@@ -257,6 +268,8 @@ class AgentClient:
         self._waiters: dict[int, asyncio.Future] = {}
         self._streams: dict[int, _Inbox] = {}
         self._write_lock = asyncio.Lock()
+        self._flowing = asyncio.Event()  # cleared while a capture's pause holds writes back
+        self._flowing.set()
         self._task: asyncio.Task | None = None
         self._closed: BaseException | None = None
         self.state = LinkState.CONNECTING
@@ -402,6 +415,26 @@ class AgentClient:
     def has_cap(self, cap: str) -> bool:
         return self.hello is not None and cap in self.hello.caps
 
+    @contextlib.asynccontextmanager
+    async def writes_held(self, settle: float = 0.05) -> AsyncIterator[None]:
+        """No frame goes to the guest meanwhile: new writes wait, and the one under way and
+        what the socket already held have been read by QEMU first (waited for up to `settle`
+        s). For a capture's pause: QEMU 7.2's virtio-serial writes host data into guest RAM
+        even while the VM is stopped, so a frame arriving between the RAM copy and the device
+        state would be in one and not the other. Best effort: a write stuck on a full socket
+        (a guest that does not read) is not waited for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settle
+        self._flowing.clear()
+        try:
+            sock = self._writer.get_extra_info("socket")
+            while loop.time() < deadline and (
+                    self._write_lock.locked() or (sock is not None and _unread(sock.fileno()))):
+                await asyncio.sleep(0.001)
+            yield
+        finally:
+            self._flowing.set()
+
     # ---- plumbing -------------------------------------------------------------------------
 
     def _new_id(self) -> int:
@@ -415,6 +448,7 @@ class AgentClient:
             data = encode(header, payload)
         except ValueError as e:  # FrameError: the request itself is too large
             raise InvalidArgumentError(f"request too large for the guest agent: {e}") from e
+        await self._flowing.wait()
         async with self._write_lock:
             try:
                 self._writer.write(data)

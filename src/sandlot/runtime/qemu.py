@@ -532,7 +532,8 @@ class QemuRuntime(Runtime):
                     ram_base, vm.ram_base = vm.ram_base, None
                     result = await vmm_snapshot.capture(vm.machine, vm.disks,
                                                         self.cache.dir(key),
-                                                        defer_ram=persistent)
+                                                        defer_ram=persistent,
+                                                        quiet=vm.agent.writes_held)
                     pause_ms, changed_pages = result.pause_ms, result.changed
                     since = _written_since(ram_base, result.written)
                     if result.written is not None:

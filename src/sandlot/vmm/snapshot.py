@@ -39,6 +39,8 @@ import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +111,15 @@ def _regions(machine: Machine) -> list[memory.Region]:
 
 
 async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
-                  defer_ram: bool = False) -> CaptureResult:
+                  defer_ram: bool = False,
+                  quiet: Callable[[], AbstractAsyncContextManager] | None = None
+                  ) -> CaptureResult:
     """Snapshot `machine` into `out_dir` (ram, ram.dimm, devstate); its disk chain freezes its
     top layer (`disks.frozen`) at the RAM's instant and goes on on a new one. On failure the
     machine runs again (on the new overlay if it got that far). `defer_ram`: the RAM files
-    are not written; the result's `pending` has them (the caller closes it)."""
+    are not written; the result's `pending` has them (the caller closes it). `quiet`: held
+    from just before the stop until the VM runs again (the agent's writes wait: QEMU would
+    put them in guest RAM while it is stopped)."""
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     devstate = out_dir / "devstate"
@@ -126,7 +132,10 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
     phases["prepare"] = (time.monotonic() - t0) * 1000
     stacked = False
     deltas: list[memory.Delta] = []
+    held = contextlib.AsyncExitStack()
     try:
+        if quiet is not None:
+            await held.enter_async_context(quiet())
         paused_at = time.monotonic()
         await machine.stop()
         phases["stop"] = (time.monotonic() - paused_at) * 1000
@@ -169,6 +178,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
                     await machine.ensure_running()
             resumed_at = time.monotonic()
             phases["cont"] = (resumed_at - t) * 1000
+            await held.aclose()
         t = time.monotonic()
         deltas = await asyncio.to_thread(copier.finish)
         phases["merge"] = (time.monotonic() - t) * 1000
@@ -186,6 +196,7 @@ async def capture(machine: Machine, disks: DiskChain, out_dir: Path, *,
                 await asyncio.to_thread(memory.write_image, delta, out[delta.region.name])
         phases["write"] = (time.monotonic() - t) * 1000
     except BaseException:
+        await held.aclose()
         written.unlink(missing_ok=True)
         if not stacked:  # the machine stays on its disk: drop the overlay it did not take
             await disks.drop_next(machine)
