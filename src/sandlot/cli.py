@@ -18,6 +18,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -396,20 +397,53 @@ def store_gc(data_dir: Path, grace: float | None, as_json: bool) -> None:
 
 @cli.group(cls=_Group)
 def keys() -> None:
-    """Manage API keys on this host."""
+    """Manage tenants and their API keys (docs/security.md): each key acts for one tenant
+    and sees that tenant's sandboxes and snapshots only; admin keys see every tenant's."""
 
 
 @keys.command("create")
+@click.option("--tenant", help="Add the key to this tenant (made if new). Without it, the key "
+                               "is the first of a new tenant.")
+@click.option("--admin", is_flag=True, help="An operator's key: it sees every tenant's objects.")
 @click.option("--e2b", "e2b_format", is_flag=True,
               help="In E2B's format (e2b_ and 40 hex digits), which E2B's SDKs check before "
                    "sending it; it works for sandlot's API too.")
 @_data_dir_option
-def keys_create(e2b_format: bool, data_dir: Path) -> None:
-    """Create an API key and print it (it is shown only once). With SANDLOT_DATABASE_URL set,
-    in the deployment's database."""
+def keys_create(tenant: str | None, admin: bool, e2b_format: bool, data_dir: Path) -> None:
+    """Create an API key and print it (it is shown only once; its tenant goes to stderr).
+    With SANDLOT_DATABASE_URL set, in the deployment's database."""
     from sandlot.core.keys import create_key
 
-    click.echo(create_key(data_dir, e2b_format=e2b_format))
+    key, tenant = create_key(data_dir, tenant=tenant, admin=admin, e2b_format=e2b_format)
+    click.echo(key)
+    click.echo(f"tenant: {tenant}{' (admin)' if admin else ''}", err=True)
+
+
+_KEY_COLUMNS = [("KEY", "key_id"), ("TENANT", "tenant"), ("ADMIN", "admin"),
+                ("CREATED", "created_at")]
+
+
+@keys.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_data_dir_option
+def keys_list(as_json: bool, data_dir: Path) -> None:
+    """The API keys (by id, never the key) and their tenants."""
+    from sandlot.core.keys import list_keys
+
+    rows = [{**vars(k), "created_at": datetime.fromtimestamp(k.created_at, UTC).isoformat()}
+            for k in list_keys(data_dir)]
+    _show(rows, _KEY_COLUMNS, as_json)
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@_data_dir_option
+def keys_revoke(key_id: str, data_dir: Path) -> None:
+    """Revoke an API key by its id (`sandlot keys list`); servers refuse it within seconds."""
+    from sandlot.core.keys import revoke_key
+
+    revoke_key(key_id, data_dir)
+    click.echo(f"revoked {key_id}")
 
 
 @cli.group(cls=_Group)

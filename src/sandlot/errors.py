@@ -61,6 +61,12 @@ class AuthenticationError(SandlotError):
     status = 401
 
 
+class PermissionDeniedError(AuthenticationError):
+    """The key is valid but may not do this (an operator's call, made with a tenant's key)."""
+
+    status = 403
+
+
 class NotFoundError(SandlotError):
     status = 404
 
@@ -129,6 +135,7 @@ ERRORS: dict[str, type[SandlotError]] = {
     cls.__name__: cls
     for cls in (
         SandlotError, InvalidArgumentError, PayloadTooLargeError, AuthenticationError,
+        PermissionDeniedError,
         NotFoundError, ConflictError, InvalidStateError, CommandTimeoutError, SandboxError,
         CapacityError, HostUnavailableError,
         GuestError, VmmError, StorageError, BuildError, ImageError, BuildStepError,

@@ -180,6 +180,12 @@ class InProcess:
     def core(self):
         return self.app.state.core
 
+    async def add_key(self, tenant: str, admin: bool = False) -> str:
+        """A new API key of `tenant` (an admin's with `admin`)."""
+        key = "sl_test_" + secrets.token_hex(8)
+        await self.core.db.add_key(key, tenant, admin)
+        return key
+
     def client_kwargs(self) -> dict[str, str]:
         return {"api_url": self.url, "api_key": self.key}
 
@@ -204,7 +210,7 @@ async def in_process(root: Path, runtime=None, **settings):
     app, runtime = _fake_app(root, runtime, **settings)
     async with app.router.lifespan_context(app):
         srv = InProcess(app=app, runtime=runtime, key="sl_test_" + secrets.token_hex(8))
-        await srv.core.db.add_key(srv.key)
+        await srv.core.db.add_key(srv.key, "test")  # a tenant's key, not an admin's
         yield srv
 
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from sandlot.core.models import SnapshotState
+from sandlot.core.tenancy import SYSTEM, Principal
 from sandlot.testing import in_process
 from sandlot.vmm.description import FORMAT, MachineDescription
 from sandlot.vmm.qemu import parse_machine_help
@@ -66,7 +67,7 @@ async def test_pause_and_resume_keep_the_sandbox(api) -> None:
     await api.post(f"/v1/sandboxes/{sid}/pause")
     assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "stopped"
-    snaps = await api.srv.core.snapshots.list(kind="pause")
+    snaps = await api.srv.core.snapshots.list(kind="pause", who=SYSTEM)
     assert snaps == []
 
 
@@ -102,7 +103,7 @@ async def test_a_snapshot_of_a_machine_this_host_lacks_is_refused_before_anythin
     sid = (await create(api))["sandbox_id"]
     snap = await ready_snapshot(api, sid, "old-qemu")
     core = api.srv.core
-    rec = await core.snapshots.get("old-qemu")
+    rec = await core.snapshots.get("old-qemu", Principal("test"))
     rec.machine = {**rec.machine, "machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"}
     await core.snapshots._save(rec)
     restores = api.srv.runtime.restores
@@ -130,15 +131,15 @@ async def test_a_restart_keeps_paused_sandboxes_and_snapshots(tmp_path) -> None:
     async with in_process(tmp_path) as srv:
         core = srv.core
         from sandlot.core.models import CreateSandbox
-        rec = await core.sandboxes.create(CreateSandbox())
-        snap = await core.sandboxes.snapshot(rec.sandbox_id, "keep")
-        await core.snapshots.wait(snap.snapshot_id)
-        await core.sandboxes.pause(rec.sandbox_id)
+        rec = await core.sandboxes.create(CreateSandbox(), who=SYSTEM)
+        snap = await core.sandboxes.snapshot(rec.sandbox_id, "keep", who=SYSTEM)
+        await core.snapshots.wait(snap.snapshot_id, who=SYSTEM)
+        await core.sandboxes.pause(rec.sandbox_id, who=SYSTEM)
     async with in_process(tmp_path, srv.runtime) as srv:
         core = srv.core
-        assert (await core.sandboxes.get(rec.sandbox_id)).state == "paused"
-        assert (await core.snapshots.get("keep")).state == SnapshotState.READY
-        resumed = await core.sandboxes.resume(rec.sandbox_id)
+        assert (await core.sandboxes.get(rec.sandbox_id, SYSTEM)).state == "paused"
+        assert (await core.snapshots.get("keep", SYSTEM)).state == SnapshotState.READY
+        resumed = await core.sandboxes.resume(rec.sandbox_id, who=SYSTEM)
         assert resumed.state == "running"
 
 
@@ -182,19 +183,25 @@ async def test_a_server_with_another_data_dir_restores_from_the_store(tmp_path) 
     from sandlot.core.models import CreateSandbox
 
     async with in_process(tmp_path / "a") as a:
-        rec = await a.core.sandboxes.create(CreateSandbox(env={"K": "v"}, metadata={"m": "1"}))
-        snap = await a.core.sandboxes.snapshot(rec.sandbox_id, "named-on-a")
-        snap = await a.core.snapshots.wait(snap.snapshot_id)
+        rec = await a.core.sandboxes.create(CreateSandbox(env={"K": "v"}, metadata={"m": "1"}),
+                                            who=SYSTEM)
+        snap = await a.core.sandboxes.snapshot(rec.sandbox_id, "named-on-a", who=SYSTEM)
+        snap = await a.core.snapshots.wait(snap.snapshot_id, who=SYSTEM)
         assert snap.state == "ready"
     async with in_process(tmp_path / "b", a.runtime) as b:
-        restored = await b.core.sandboxes.create(CreateSandbox(snapshot_id=snap.snapshot_id))
-        assert restored.env == {"K": "v"} and restored.snapshot_id == snap.snapshot_id
-        assert (await b.core.snapshots.get(snap.snapshot_id)).state == "ready"
         from sandlot.errors import NotFoundError
+        with pytest.raises(NotFoundError):  # another tenant's is as good as missing
+            await b.core.sandboxes.create(CreateSandbox(snapshot_id=snap.snapshot_id),
+                                          who=Principal("other"))
+        restored = await b.core.sandboxes.create(CreateSandbox(snapshot_id=snap.snapshot_id),
+                                                 who=SYSTEM)
+        assert restored.env == {"K": "v"} and restored.snapshot_id == snap.snapshot_id
+        assert (await b.core.snapshots.get(snap.snapshot_id, SYSTEM)).state == "ready"
         with pytest.raises(NotFoundError):
-            await b.core.sandboxes.create(CreateSandbox(snapshot_id="named-on-a"))
+            await b.core.sandboxes.create(CreateSandbox(snapshot_id="named-on-a"), who=SYSTEM)
         with pytest.raises(NotFoundError):
-            await b.core.sandboxes.create(CreateSandbox(snapshot_id="snap-0000000000"))
+            await b.core.sandboxes.create(CreateSandbox(snapshot_id="snap-0000000000"),
+                                          who=SYSTEM)
 
 
 async def test_a_sandbox_paused_at_its_timeout_resumes_on_the_next_use(api) -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from sandlot.config import Limits
+from sandlot.core.tenancy import SYSTEM
 from sandlot.errors import ERRORS, GuestError, InvalidArgumentError, PayloadTooLargeError
 from sandlot.sdk._base import error_from_response
 from sandlot.testing import in_process
@@ -240,7 +241,7 @@ async def test_open_streams_are_bounded_per_sandbox(api) -> None:
         assert (await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"})
                 ).content == b"data"
         assert (await api.post(url, json={"cmd": "true"})).status_code == 200
-    _, chunks = await api.srv.core.files.read(sid, "/tmp/f")  # opened, never read
+    _, chunks = await api.srv.core.files.read(sid, "/tmp/f", who=SYSTEM)  # opened, never read
     del chunks
     assert api.srv.core.sandboxes.live[sid].streams == 0
 
@@ -251,13 +252,14 @@ async def test_a_slow_reader_of_a_command_that_ended_in_time_gets_no_timeout(api
     from sandlot.core.models import ExecRequest
 
     sid = await sandbox(api)
-    events = api.srv.core.commands.run(sid, ExecRequest(cmd="echo a; echo b", timeout=0.5))
+    events = api.srv.core.commands.run(sid, ExecRequest(cmd="echo a; echo b", timeout=0.5),
+                                       who=SYSTEM)
     await anext(events)
     await asyncio.sleep(1.5)  # the reader comes back well past timeout + grace
     rest = [e async for e in events]
     assert [e.data for e in rest if isinstance(e, Output)] == [b"a\n", b"b\n"]
     assert rest[-1] == Exited(0, False)
-    assert (await api.srv.core.sandboxes.get(sid)).error is None
+    assert (await api.srv.core.sandboxes.get(sid, SYSTEM)).error is None
 
 
 @pytest.mark.parametrize("api", [{"stream_keepalive": 0.2}], indirect=True)
@@ -283,14 +285,13 @@ async def test_a_silent_command_stream_gets_keepalive_lines(api) -> None:
 async def test_each_api_key_has_limits_of_its_own(api) -> None:
     """Sandboxes (forks included), exposed ports and open streams per API key: one key at
     its limits leaves another key's room untouched."""
-    other_key = "sl_test_other"
-    await api.srv.core.db.add_key(other_key)
+    other_key = await api.srv.add_key("other")
     other = {"authorization": f"Bearer {other_key}"}
     a1, a2 = await sandbox(api), await sandbox(api)
     refused(await api.post("/v1/sandboxes", json={"template": "base"}), 503, "CapacityError",
             "SANDLOT_MAX_KEY_SANDBOXES")
     refused(await api.post(f"/v1/sandboxes/{a1}/fork", json={"count": 1}), 503,
-            "CapacityError", "this API key runs 2 sandboxes")
+            "CapacityError", "this tenant runs 2 sandboxes")
     r = await api.post("/v1/sandboxes", json={"template": "base"}, headers=other)
     assert r.status_code == 201, r.text
     b1 = r.json()["sandbox_id"]

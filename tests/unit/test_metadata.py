@@ -30,8 +30,17 @@ def doc(sid: str, state: str) -> dict:
 
 
 async def test_records_keys_and_names(store) -> None:
-    await store.add_key("sl_k")
-    assert await store.key_valid("sl_k") and not await store.key_valid("sl_other")
+    await store.add_key("sl_k", "team-a")
+    await store.add_key("sl_admin", "operator", admin=True)
+    assert await store.key_principal("sl_k") == ("team-a", False)
+    assert await store.key_principal("sl_admin") == ("operator", True)
+    assert await store.key_principal("sl_other") is None
+    listed = {k.tenant: k for k in await store.keys()}
+    assert set(listed) == {"team-a", "operator"} and listed["operator"].admin
+    assert "sl_k" not in repr(listed)  # ids, never the keys
+    assert await store.revoke_key(listed["team-a"].key_id)
+    assert await store.key_principal("sl_k") is None
+    assert not await store.revoke_key(listed["team-a"].key_id)
     await store.put_sandbox("sb-1", "running", "h-a", doc("sb-1", "running"))
     await store.put_sandbox("sb-2", "running", "h-b", doc("sb-2", "running"))
     await store.put_sandbox("sb-2", "stopped", "h-b", doc("sb-2", "stopped"))
@@ -85,7 +94,7 @@ async def test_migrations_run_once_when_hosts_start_together(postgres) -> None:
     url = postgres.new_database("m" + secrets.token_hex(4))
     stores = [open_store(url, None) for _ in range(4)]
     await asyncio.gather(*(s.open() for s in stores))
-    await stores[0].add_key("sl_x")
-    assert all([await s.key_valid("sl_x") for s in stores])
+    await stores[0].add_key("sl_x", "t")
+    assert all([await s.key_principal("sl_x") == ("t", False) for s in stores])
     for s in stores:
         await s.close()

@@ -22,6 +22,7 @@ from sandlot import (
     SandlotError,
     SnapshotFailedError,
 )
+from sandlot.core.tenancy import SYSTEM
 
 URL = "http://sandlot.test"
 
@@ -40,7 +41,7 @@ async def test_lifecycle_and_context_manager(async_default_api: Fast) -> None:
         assert [s.sandbox_id for s in await AsyncSandbox.list({"k": "v"})] == [sbx.sandbox_id]
         await sbx.set_timeout(5)
         other = await AsyncSandbox.connect(sbx.sandbox_id)
-    assert (await afast.core.sandboxes.get(sbx.sandbox_id)).state == "stopped"
+    assert (await afast.core.sandboxes.get(sbx.sandbox_id, SYSTEM)).state == "stopped"
     assert await other.is_running() is False
     assert await other.kill() is False
 

@@ -128,7 +128,7 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     templates.remove_template = lambda name, data_dir: calls.append(  # type: ignore
         ("rm", name, data_dir))
     keys = types.ModuleType("sandlot.core.keys")
-    keys.create_key = lambda data_dir, e2b_format=False: "sk-new"  # type: ignore[attr-defined]
+    keys.create_key = lambda data_dir, **kw: ("sk-new", "t-1")  # type: ignore[attr-defined]
     server = types.ModuleType("sandlot.server")
     server.run = lambda **kw: calls.append(("serve", kw))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
@@ -154,7 +154,7 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert run("template", "build", "-f", "Dockerfile", "ctx", "py", "--build-arg", "A=1")[0] == 0
     assert calls[-1] == ("dockerfile", Path("Dockerfile"), Path("ctx"), "py", {"A": "1"})
     assert run("template", "build", "--image", "x")[0] == 2  # no NAME
-    assert run("keys", "create") == (0, "sk-new\n", "")
+    assert run("keys", "create") == (0, "sk-new\n", "tenant: t-1\n")
     assert run("serve", "--port", "8080")[0] == 0
     assert calls[-1] == ("serve", {"host": "127.0.0.1", "port": 8080, "data_dir": tmp_path})
 

@@ -73,18 +73,31 @@ def test_snapshot_fork_rollback_commands(server, sandbox_id):
     assert missing.returncode == 1 and "not found" in missing.stderr.lower()
 
 
-def test_keys_create(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--data-dir",
-                          str(tmp_path)], capture_output=True, text=True, check=True)
+def test_keys_create_list_and_revoke(tmp_path):
+    def keys(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", *args,
+                               "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                              check=True)
+
+    out = keys("create")
     key = out.stdout.strip()
     assert key.startswith("sl_") and len(key) > 20
+    tenant = out.stderr.split("tenant:")[1].split()[0]  # a new tenant of its own
     from sandlot.core.db import run_sync
     from sandlot.core.db.sqlite import SqliteStore
 
-    assert run_sync(SqliteStore(tmp_path / "sandlot.db").key_valid(key))
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--e2b",
-                          "--data-dir", str(tmp_path)], capture_output=True, text=True,
-                         check=True)
-    e2b_key = out.stdout.strip()
+    def principal(k: str):
+        return run_sync(SqliteStore(tmp_path / "sandlot.db").key_principal(k))
+
+    assert principal(key) == (tenant, False)
+    e2b_key = keys("create", "--e2b", "--tenant", tenant).stdout.strip()
     assert re.fullmatch(r"e2b_[0-9a-f]{40}", e2b_key)
-    assert run_sync(SqliteStore(tmp_path / "sandlot.db").key_valid(e2b_key))
+    assert principal(e2b_key) == (tenant, False)  # a second key of the same tenant
+    admin = keys("create", "--admin", "--tenant", "ops").stdout.strip()
+    assert principal(admin) == ("ops", True)
+    assert keys("create").stderr.split("tenant:")[1].split()[0] != tenant
+    rows = json.loads(keys("list", "--json").stdout)
+    assert [r["tenant"] for r in rows].count(tenant) == 2 and len(rows) == 4
+    assert key not in json.dumps(rows)
+    keys("revoke", rows[0]["key_id"])
+    assert principal(key) is None and principal(e2b_key) == (tenant, False)

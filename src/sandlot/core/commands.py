@@ -18,6 +18,7 @@ from sandlot.config import Limits
 from sandlot.core.limits import check_command, check_stdin
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import ExecRequest, ProcessInfo, TerminalSize
+from sandlot.core.tenancy import Principal
 from sandlot.errors import CommandTimeoutError, InvalidArgumentError, SandlotError
 from sandlot.runtime.base import ExecEvent, Exited, Output, Started
 from sandlot.runtime.base import TerminalSize as GuestTerminalSize
@@ -74,7 +75,8 @@ def _exit_code(code: int | None) -> int:
 
 
 class Commands:
-    def __init__(self, live_of: Callable[[str], LiveSandbox], limits: Limits | None = None,
+    def __init__(self, live_of: Callable[[str, Principal], LiveSandbox],
+                 limits: Limits | None = None,
                  grace: float = 5.0) -> None:
         self.live_of = live_of  # a running sandbox by id, or NotFoundError
         self.limits = limits or Limits()
@@ -86,7 +88,8 @@ class Commands:
             raise InvalidArgumentError("a command on a terminal runs in the background: set "
                                        "background, then follow its output by its pid")
 
-    async def run(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+    async def run(self, sandbox_id: str, req: ExecRequest, *, who: Principal
+                  ) -> AsyncIterator[ExecEvent]:
         """Run a command: Started, Output..., Exited (exit code 128 + n for signal n).
 
         A timeout kills the whole process group and raises CommandTimeoutError (after the
@@ -94,7 +97,7 @@ class Commands:
         seconds after its timeout (the sandbox is then marked unresponsive).
         """
         self._check(req)
-        live = self.live_of(sandbox_id)
+        live = self.live_of(sandbox_id, who)
         live.open_stream(self.limits.streams)
         deadline = _Deadline(req.timeout + self.grace if req.timeout else None)
         pid: int | None = None
@@ -143,10 +146,10 @@ class Commands:
             guest = await asyncio.wait_for(live.guest(), KILL_TIMEOUT)
             await asyncio.wait_for(guest.kill(pid, 9), KILL_TIMEOUT)
 
-    async def start(self, sandbox_id: str, req: ExecRequest) -> int:
+    async def start(self, sandbox_id: str, req: ExecRequest, *, who: Principal) -> int:
         """Start a command in the background; its pid."""
         self._check(req)
-        live = self.live_of(sandbox_id)
+        live = self.live_of(sandbox_id, who)
         guest = await live.guest()
         pty = None if req.pty is None else GuestTerminalSize(req.pty.cols, req.pty.rows)
         return await guest.start(req.cmd, env=req.env, cwd=req.cwd or live.record.workdir,
@@ -155,14 +158,16 @@ class Commands:
                                  stdin=req.stdin.encode() if req.stdin is not None else None,
                                  pty=pty)
 
-    async def resize(self, sandbox_id: str, pid: int, size: TerminalSize) -> None:
+    async def resize(self, sandbox_id: str, pid: int, size: TerminalSize, *,
+                     who: Principal) -> None:
         """Set the size of a process's terminal (its foreground job gets SIGWINCH)."""
-        guest = await self.live_of(sandbox_id).guest()
+        guest = await self.live_of(sandbox_id, who).guest()
         await guest.resize(pid, GuestTerminalSize(size.cols, size.rows))
 
-    async def attach(self, sandbox_id: str, pid: int) -> AsyncIterator[ExecEvent]:
+    async def attach(self, sandbox_id: str, pid: int, *, who: Principal
+                     ) -> AsyncIterator[ExecEvent]:
         """A process's buffered output, its live output, then its end."""
-        live = self.live_of(sandbox_id)
+        live = self.live_of(sandbox_id, who)
         live.open_stream(self.limits.streams)
         try:
             guest = await live.guest()
@@ -176,16 +181,18 @@ class Commands:
         finally:
             live.close_stream()
 
-    async def list(self, sandbox_id: str, all: bool = False) -> list[ProcessInfo]:
+    async def list(self, sandbox_id: str, all: bool = False, *, who: Principal
+                   ) -> list[ProcessInfo]:
         """Processes commands started (running ones, or `all`)."""
-        guest = await self.live_of(sandbox_id).guest()
+        guest = await self.live_of(sandbox_id, who).guest()
         return [ProcessInfo(**vars(p)) for p in await guest.processes(all=all)]
 
-    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False
-                         ) -> None:
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False, *,
+                         who: Principal) -> None:
         check_stdin(self.limits, data)
-        await (await self.live_of(sandbox_id).guest()).send_stdin(pid, data, eof)
+        await (await self.live_of(sandbox_id, who).guest()).send_stdin(pid, data, eof)
 
-    async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> bool:
+    async def kill(self, sandbox_id: str, pid: int, signal: int = 9, *, who: Principal
+                   ) -> bool:
         """Signal a process's group; False if it had already exited."""
-        return await (await self.live_of(sandbox_id).guest()).kill(pid, signal)
+        return await (await self.live_of(sandbox_id, who).guest()).kill(pid, signal)

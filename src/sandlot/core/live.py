@@ -67,7 +67,7 @@ class LiveSandbox:
         if owner and keys is not None:
             if keys.limit and keys.open.get(owner, 0) >= keys.limit:
                 raise InvalidStateError(
-                    f"this API key has {keys.open[owner]} streams open across its sandboxes, "
+                    f"this tenant has {keys.open[owner]} streams open across its sandboxes, "
                     "the limit (SANDLOT_MAX_KEY_STREAMS); finish or close some")
             keys.open[owner] = keys.open.get(owner, 0) + 1
         self.streams += 1

@@ -107,7 +107,7 @@ class SandboxRecord(BaseModel):
     workdir: str | None = Field(None, exclude=True)
     user: str | None = Field(None, exclude=True)  # commands' default user (an image's USER)
     paused_snapshot: str | None = Field(None, exclude=True)
-    owner: str | None = Field(None, exclude=True)  # the API key that made it (keys.owner_of)
+    owner: str | None = Field(None, exclude=True)  # its tenant (core/tenancy.py)
 
     @property
     def key(self) -> str:
@@ -133,6 +133,7 @@ class SnapshotRecord(BaseModel):
     # False: the filesystem only (no memory, no processes); sandboxes made from it boot
     memory: bool = True
     kind: SnapshotKind = Field(SnapshotKind.USER, exclude=True)
+    owner: str | None = Field(None, exclude=True)  # its tenant (core/tenancy.py)
     internal: bool = Field(False, exclude=True)  # a fork's, for children on other hosts
     machine: dict | None = Field(None, exclude=True)  # vmm.description.MachineDescription
     workdir: str | None = Field(None, exclude=True)
@@ -217,6 +218,8 @@ class TemplateInfo(BaseModel):
     user: str | None = None
     entrypoint: list[str] = Field(default_factory=list)
     cmd: list[str] = Field(default_factory=list)
+    # the tenant that built it through the API (None: the operator's, shared by every tenant)
+    owner: str | None = None
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,6 +31,7 @@ from sandlot.core.models import (
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
 from sandlot.core.templates import TemplateStore
+from sandlot.core.tenancy import NOBODY, OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.errors import (
     CapacityError,
     InvalidArgumentError,
@@ -82,12 +83,13 @@ class SandboxManager:
         self.snapshots = snapshots
         self.live: dict[str, LiveSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # of sandboxes with no VM (paused)
-        self._ended: dict[str, str] = {}  # last known state of sandboxes not running here
+        # last known (state, tenant) of sandboxes not running here
+        self._ended: dict[str, tuple[str, str | None]] = {}
         self._pausing: set[str] = set()  # paused at their timeout, now
         # Exposed ports of paused auto-resume sandboxes, still listening (guest -> host).
         self._parked_ports: dict[str, dict[int, tuple[str, int]]] = {}
         self._tasks: set[asyncio.Task] = set()
-        # Per API key on this host: streams open, and creates under way (not live yet).
+        # Per tenant on this host: streams open, and creates under way (not live yet).
         self.key_streams = KeyStreams(settings.limits.key_streams)
         self._starting: dict[str, int] = {}
 
@@ -97,40 +99,55 @@ class SandboxManager:
         if rec.state in (SandboxState.STARTING, SandboxState.RUNNING):
             rec.host = self.host_id
         elif rec.state in (SandboxState.STOPPED, SandboxState.FAILED, SandboxState.PAUSED):
-            self.seen(rec.sandbox_id, rec.state.value)
+            self.seen(rec.sandbox_id, rec.state.value, rec.owner)
         await self.db.put_sandbox(rec.sandbox_id, rec.state.value, rec.host or self.host_id,
                                   to_doc(rec))
 
-    def seen(self, sandbox_id: str, state: str) -> None:
+    def seen(self, sandbox_id: str, state: str, owner: str | None) -> None:
         """Remember the state of a sandbox that does not run here (for error messages)."""
         self._ended.pop(sandbox_id, None)
-        self._ended[sandbox_id] = state
+        self._ended[sandbox_id] = (state, owner)
         while len(self._ended) > ENDED_KEPT:
             self._ended.pop(next(iter(self._ended)))
 
-    def get_live(self, sandbox_id: str) -> LiveSandbox:
-        """The sandbox's VM on this host, or NotFoundError."""
+    def get_live(self, sandbox_id: str, who: Principal) -> LiveSandbox:
+        """The sandbox's VM on this host, or NotFoundError (also for another tenant's)."""
         live = self.live.get(sandbox_id)
-        if live is None:
-            state = self._ended.get(sandbox_id)
-            if state is not None:
+        if live is None or not who.sees(live.record.owner):
+            state, owner = self._ended.get(sandbox_id, (None, None))
+            if state is not None and live is None and who.sees(owner):
                 raise NotFoundError(f"sandbox {sandbox_id!r} is not running (state: {state})")
             raise NotFoundError(f"sandbox {sandbox_id!r} not found or not running")
         return live
 
-    async def get(self, sandbox_id: str) -> SandboxRecord:
+    def holder_of(self, sandbox_id: str) -> Principal:
+        """Who a credential of one running sandbox (an envd access token, a URL signed with
+        it) acts for: the sandbox's tenant (a sandbox not running here: nobody)."""
+        live = self.live.get(sandbox_id)
+        return Principal(live.record.owner or OPERATOR_TENANT) if live else NOBODY
+
+    def is_running(self, sandbox_id: str, who: Principal) -> bool:
+        """Whether the sandbox runs on this host and `who` sees it."""
+        live = self.live.get(sandbox_id)
+        return live is not None and who.sees(live.record.owner)
+
+    async def get(self, sandbox_id: str, who: Principal) -> SandboxRecord:
         live = self.live.get(sandbox_id)
         if live is not None:
-            return live.record
-        doc = await self.db.get_sandbox(sandbox_id)
-        if doc is None:
+            rec = live.record
+        else:
+            doc = await self.db.get_sandbox(sandbox_id)
+            rec = SandboxRecord.model_validate(doc) if doc is not None else None
+        if rec is None or not who.sees(rec.owner):
             raise NotFoundError(f"sandbox {sandbox_id!r} not found")
-        return SandboxRecord.model_validate(doc)
+        return rec
 
     async def list(self, metadata: dict[str, str] | None = None, all: bool = False,
-                   states: tuple[SandboxState, ...] | None = None) -> list[SandboxRecord]:
+                   states: tuple[SandboxState, ...] | None = None, *,
+                   who: Principal) -> list[SandboxRecord]:
         """Running, paused and lost sandboxes of every host (or those in `states`); `all`:
-        every record. This host's running ones come from memory, the rest from the store."""
+        every record. This host's running ones come from memory, the rest from the store.
+        Only `who`'s tenant's (an admin: every tenant's)."""
         if all:
             docs = await self.db.sandboxes()
         else:
@@ -138,6 +155,7 @@ class SandboxManager:
         recs = [lv.record for lv in self.live.values()]
         recs += [r for r in (SandboxRecord.model_validate(d) for d in docs)
                  if r.sandbox_id not in self.live]
+        recs = [r for r in recs if who.sees(r.owner)]
         if states:
             recs = [r for r in recs if r.state in states]
         if metadata:
@@ -152,27 +170,28 @@ class SandboxManager:
 
     # ---- create / restore -----------------------------------------------------------------
 
-    async def resolve_source(self, req: CreateSandbox) -> Source:
+    async def resolve_source(self, req: CreateSandbox, who: Principal) -> Source:
         if req.snapshot_id:
-            return await self.snapshots.source(req.snapshot_id)
+            return await self.snapshots.source(req.snapshot_id, who)
         if req.image:
             return await self.templates.image_source(req.image)
-        source = await self.templates.source(req.template or "base")
+        source = await self.templates.source(req.template or "base", who)
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source
 
-    async def create(self, req: CreateSandbox, forked_from: str | None = None,
-                     owner: str | None = None) -> SandboxRecord:
-        """A new sandbox from a template or a snapshot (a restore either way, never a boot);
-        `forked_from`: the parent of a fork child started here for another host; `owner`:
-        the API key asking (core/keys.owner_of), whose limits it counts against."""
+    async def create(self, req: CreateSandbox, forked_from: str | None = None, *,
+                     who: Principal) -> SandboxRecord:
+        """A new sandbox of `who`'s tenant from a template or a snapshot (a restore either
+        way, never a boot), counted against the tenant's limits; `forked_from`: the parent
+        of a fork child started here for another host."""
         if sum(1 for s in (req.template, req.snapshot_id, req.image) if s) > 1:
             raise InvalidArgumentError("give one of template, snapshot_id or image")
         self.check_request(req)
         self.check_room()
-        with self._admitted(owner):
-            source = await self.resolve_source(req)
+        owner = who.tenant
+        async with self._admitted(owner):
+            source = await self.resolve_source(req, who)
             async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
                 rec = self._new_record(source, req)
                 rec.forked_from, rec.owner = forked_from, owner
@@ -192,20 +211,24 @@ class SandboxManager:
             raise CapacityError(f"host {self.host_id} runs {running} of its {slots} sandboxes "
                                 f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
 
-    @contextlib.contextmanager
-    def _admitted(self, owner: str | None, count: int = 1) -> Iterator[None]:
-        """Room for `count` more sandboxes of API key `owner` on this host
-        (SANDLOT_MAX_KEY_SANDBOXES), held while they start."""
+    @contextlib.asynccontextmanager
+    async def _admitted(self, owner: str | None, count: int = 1) -> AsyncIterator[None]:
+        """Room for `count` more sandboxes of tenant `owner` in the deployment
+        (SANDLOT_MAX_KEY_SANDBOXES), held while they start here."""
         limit = self.settings.limits.key_sandboxes
         if not owner or not limit:
             yield
             return
-        have = self._starting.get(owner, 0) + sum(
+        elsewhere = 0
+        if self.db.shared:  # those running on the deployment's other hosts count too
+            elsewhere = sum(1 for d in await self.db.sandboxes(("starting", "running"))
+                            if d.get("owner") == owner and d.get("host") != self.host_id)
+        # Checked and counted with no await between: concurrent creates see each other.
+        have = elsewhere + self._starting.get(owner, 0) + sum(
             1 for lv in self.live.values() if lv.record.owner == owner)
         if have + count > limit:
-            raise CapacityError(f"this API key runs {have} sandboxes on host {self.host_id}, "
-                                f"its limit (SANDLOT_MAX_KEY_SANDBOXES={limit}); {count} more "
-                                "do not fit")
+            raise CapacityError(f"this tenant runs {have} sandboxes, its limit "
+                                f"(SANDLOT_MAX_KEY_SANDBOXES={limit}); {count} more do not fit")
         self._starting[owner] = self._starting.get(owner, 0) + count
         try:
             yield
@@ -276,14 +299,15 @@ class SandboxManager:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def kill(self, sandbox_id: str) -> None:
+    async def kill(self, sandbox_id: str, *, who: Principal) -> None:
         """Stop a sandbox for good (a paused one's state is deleted too)."""
+        await self.get(sandbox_id, who)
         async with self._lock(sandbox_id):
             live = self.live.get(sandbox_id)
             if live is not None:
                 await self.teardown(live, SandboxState.STOPPED)
                 return
-            rec = await self.get(sandbox_id)
+            rec = await self.get(sandbox_id, who)
             away = rec.host not in (None, self.host_id) and rec.state in (
                 SandboxState.RUNNING, SandboxState.STARTING)
             if rec.state == SandboxState.LOST or away:
@@ -317,11 +341,12 @@ class SandboxManager:
             log.warning("sandbox %s (pid %s): its VM did not go cleanly", live.sandbox_id, pid)
             raise
 
-    async def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
+    async def set_timeout(self, sandbox_id: str, timeout: int, *, who: Principal
+                          ) -> SandboxRecord:
+        rec = self.get_live(sandbox_id, who).record
         if timeout < 0 or timeout > self.settings.max_timeout:
             raise InvalidArgumentError(
                 f"timeout must be between 0 and {self.settings.max_timeout} seconds")
-        rec = self.get_live(sandbox_id).record
         rec.timeout = timeout
         rec.expires_at = now() + timedelta(seconds=timeout) if timeout else None
         await self._save(rec)
@@ -357,7 +382,7 @@ class SandboxManager:
     async def _pause_at_timeout(self, live: LiveSandbox) -> None:
         try:
             try:
-                await self.pause(live.sandbox_id)
+                await self.pause(live.sandbox_id, who=SYSTEM)
             except SandlotError as e:
                 if live.record.pause_memory or self.live.get(live.sandbox_id) is not live:
                     raise
@@ -365,7 +390,7 @@ class SandboxManager:
                 # losing everything to a kill.
                 log.warning("sandbox %s: a filesystem-only pause failed (%s); pausing it with "
                             "memory", live.sandbox_id, e.message)
-                await self.pause(live.sandbox_id, memory=True)
+                await self.pause(live.sandbox_id, memory=True, who=SYSTEM)
         except SandlotError as e:
             log.warning("sandbox %s: pausing at its timeout failed, killing it: %s",
                         live.sandbox_id, e.message)
@@ -377,11 +402,12 @@ class SandboxManager:
 
     # ---- network --------------------------------------------------------------------------
 
-    async def expose_port(self, sandbox_id: str, port: int) -> tuple[str, int]:
+    async def expose_port(self, sandbox_id: str, port: int, *, who: Principal
+                          ) -> tuple[str, int]:
         """A host address and port that reach `port` inside the sandbox."""
+        live = self.get_live(sandbox_id, who)
         if not 1 <= port <= 65535:
             raise InvalidArgumentError("port must be between 1 and 65535")
-        live = self.get_live(sandbox_id)
         async with live.ports_lock:  # one listener per port; at most `limits.ports` of them
             exposed = live.ports.get(port)
             if exposed is None:
@@ -395,17 +421,17 @@ class SandboxManager:
                                if lv.record.owner == owner)
                     if have >= key_limit:
                         raise InvalidArgumentError(
-                            f"this API key already exposes {have} ports across its sandboxes "
+                            f"this tenant already exposes {have} ports across its sandboxes "
                             f"on this host, the limit (SANDLOT_MAX_KEY_PORTS)")
                 exposed = live.ports[port] = await self.runtime.expose(live.vm, port)
         return exposed
 
     async def set_network(self, sandbox_id: str, internet: bool | None,
-                          network: NetworkSpec | None) -> SandboxRecord:
+                          network: NetworkSpec | None, *, who: Principal) -> SandboxRecord:
         """Change a running sandbox's egress rules (applied outside the guest, atomically)."""
+        live = self.get_live(sandbox_id, who)
         if network is not None:
             check_egress(self.settings.limits, network.allow_out, network.deny_out)
-        live = self.get_live(sandbox_id)
         rec = live.record.model_copy()
         if internet is not None:
             rec.internet = internet
@@ -420,25 +446,27 @@ class SandboxManager:
 
     async def snapshot(self, sandbox_id: str, name: str | None = None,
                        kind: SnapshotKind = SnapshotKind.USER, internal: bool = False,
-                       memory: bool = True):
-        """Start a snapshot of a running sandbox; it goes on in the background. Without
-        `memory`, of its filesystem only: sandboxes made from it boot from that disk."""
-        live = self.get_live(sandbox_id)
-        rec = await self.snapshots.begin(live, name, kind, internal, memory=memory)
+                       memory: bool = True, *, who: Principal):
+        """Start a snapshot of a running sandbox, of `who`'s tenant; it goes on in the
+        background. Without `memory`, of its filesystem only: sandboxes made from it boot
+        from that disk."""
+        live = self.get_live(sandbox_id, who)
+        rec = await self.snapshots.begin(live, name, kind, internal, memory=memory,
+                                         owner=who.tenant)
         self.snapshots.start(live, rec)
         return rec
 
-    async def fork(self, sandbox_id: str, count: int) -> Forked:
-        """`count` children of the sandbox's current state; each succeeds or fails alone."""
+    async def fork(self, sandbox_id: str, count: int, *, who: Principal) -> Forked:
+        """`count` children of the sandbox's current state, of `who`'s tenant; each succeeds
+        or fails alone."""
+        live = self.get_live(sandbox_id, who)
         if not 1 <= count <= MAX_FORK:
             raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
-        live = self.get_live(sandbox_id)
         self.check_room(count)
-        parent = live.record
-        with self._admitted(parent.owner, count):
-            return await self._fork(live, count)
+        async with self._admitted(who.tenant, count):
+            return await self._fork(live, count, who.tenant)
 
-    async def _fork(self, live: LiveSandbox, count: int) -> Forked:
+    async def _fork(self, live: LiveSandbox, count: int, owner: str) -> Forked:
         parent = live.record
         key = "fork-" + secrets.token_hex(5)
         async with live.lock:
@@ -456,7 +484,7 @@ class SandboxManager:
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)
-                rec.forked_from, rec.owner = parent.sandbox_id, parent.owner
+                rec.forked_from, rec.owner = parent.sandbox_id, owner
                 await self._start(rec, source)
                 return rec
 
@@ -474,10 +502,11 @@ class SandboxManager:
                 raise r
         return Forked(out, captured.pause_ms)
 
-    async def rollback(self, sandbox_id: str, snapshot: str) -> SandboxRecord:
+    async def rollback(self, sandbox_id: str, snapshot: str, *, who: Principal
+                       ) -> SandboxRecord:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
-        live = self.get_live(sandbox_id)
-        source = await self.snapshots.source(snapshot)
+        live = self.get_live(sandbox_id, who)
+        source = await self.snapshots.source(snapshot, who)
         async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
             return await self._rollback(live, source)
 
@@ -502,22 +531,24 @@ class SandboxManager:
 
     # ---- pause and resume -----------------------------------------------------------------
 
-    async def pause(self, sandbox_id: str, memory: bool | None = None) -> SandboxRecord:
+    async def pause(self, sandbox_id: str, memory: bool | None = None, *, who: Principal
+                    ) -> SandboxRecord:
         """Keep the sandbox's whole state in a snapshot and stop its VM; `resume` brings it
         back under the same id. Answers once the state is stored. InvalidStateError if it
         is paused already. `memory` false (default: the sandbox's `pause_memory`): keep its
         filesystem only; the resume boots it from its disk."""
+        await self.get(sandbox_id, who)  # another tenant's: not found, as a missing one
         if sandbox_id not in self.live:
-            await self._check_not_paused(sandbox_id)
-        live = self.get_live(sandbox_id)
+            await self._check_not_paused(sandbox_id, who)
+        live = self.get_live(sandbox_id, who)
         async with live.lock:
             if self.live.get(sandbox_id) is not live:
-                await self._check_not_paused(sandbox_id)  # another pause got there first
+                await self._check_not_paused(sandbox_id, who)  # another pause got there first
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
             rec = live.record
             keep_memory = rec.pause_memory if memory is None else memory
             snap = await self.snapshots.begin(live, None, SnapshotKind.PAUSE,
-                                              memory=keep_memory)
+                                              memory=keep_memory, owner=rec.owner)
             try:
                 captured = await self.snapshots.capture(live, snap)
             except SandlotError as e:
@@ -544,23 +575,25 @@ class SandboxManager:
             self.runtime.release(snap.snapshot_id)
         return rec
 
-    async def _check_not_paused(self, sandbox_id: str) -> None:
-        rec = await self.get(sandbox_id)
+    async def _check_not_paused(self, sandbox_id: str, who: Principal) -> None:
+        rec = await self.get(sandbox_id, who)
         if rec.state == SandboxState.PAUSED:
             raise InvalidStateError(f"sandbox {sandbox_id} is already paused; resume it first",
                                     current=rec.state.value, allowed=("running",))
 
     async def resume(self, sandbox_id: str, timeout: int | None = None,
-                     reboot: bool = False) -> SandboxRecord:
-        """Bring a paused sandbox back under its id: exactly where it was, or (paused without
-        memory, or `reboot`) booted from its disk as it was at the pause."""
+                     reboot: bool = False, *, who: Principal) -> SandboxRecord:
+        """Bring a paused sandbox back under its id (and its tenant): exactly where it was,
+        or (paused without memory, or `reboot`) booted from its disk as it was at the
+        pause."""
+        await self.get(sandbox_id, who)
         async with self._lock(sandbox_id):
-            rec = await self.get(sandbox_id)
+            rec = await self.get(sandbox_id, who)
             if rec.state != SandboxState.PAUSED or not rec.paused_snapshot:
                 raise InvalidStateError(f"sandbox {sandbox_id} is {rec.state.value}",
                                         current=rec.state.value, allowed=("paused",))
             self.check_room()
-            snap = await self.snapshots.wait(rec.paused_snapshot, PAUSE_READY_WAIT)
+            snap = await self.snapshots.wait(rec.paused_snapshot, PAUSE_READY_WAIT, who=SYSTEM)
             if snap.state != SnapshotState.READY:
                 raise StorageError(f"sandbox {sandbox_id}'s paused state is {snap.state.value}"
                                    f": {snap.error or 'not stored'}")
@@ -585,6 +618,21 @@ class SandboxManager:
         self._locks.pop(sandbox_id, None)
         return rec
 
+    async def resume_on_use(self, sandbox_id: str, who: Principal) -> bool:
+        """A paused sandbox made with `auto_resume` comes back when a request of `who` (its
+        tenant) needs it running; whether it was resumed now."""
+        if sandbox_id in self.live:
+            return False
+        try:
+            rec = await self.get(sandbox_id, who)
+        except NotFoundError:
+            return False
+        if rec.state != SandboxState.PAUSED or not rec.auto_resume:
+            return False
+        with contextlib.suppress(InvalidStateError):  # resumed meanwhile
+            await self.resume(sandbox_id, who=who)
+        return True
+
     def _waker(self, sandbox_id: str) -> Callable[[], Awaitable[None]]:
         """What a connection to a paused sandbox's exposed port awaits: its resume."""
 
@@ -593,7 +641,7 @@ class SandboxManager:
                 return
             log.info("sandbox %s: traffic to an exposed port resumes it", sandbox_id)
             with contextlib.suppress(InvalidStateError):  # resumed meanwhile
-                await self.resume(sandbox_id)
+                await self.resume(sandbox_id, who=SYSTEM)
             if sandbox_id not in self.live:
                 raise NotFoundError(f"sandbox {sandbox_id!r} is no longer running")
 
@@ -606,7 +654,7 @@ class SandboxManager:
     async def _drop_pause_snapshot(self, rec: SandboxRecord) -> None:
         if rec.paused_snapshot:
             with contextlib.suppress(SandlotError):
-                await self.snapshots.delete(rec.paused_snapshot)
+                await self.snapshots.delete(rec.paused_snapshot, who=SYSTEM)
             rec.paused_snapshot = None
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import time
 
 from sandlot.config import Settings
 from sandlot.core.commands import Commands
@@ -21,11 +23,13 @@ from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore, image_of
+from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.core.usage import UsageSampler
-from sandlot.errors import SandlotError
+from sandlot.errors import AuthenticationError, SandlotError
 from sandlot.runtime.base import Runtime
 
 log = logging.getLogger(__name__)
+KEY_CACHE_SECONDS = 5.0  # how long a key's check is remembered (a revoke takes this long)
 
 
 class Core:
@@ -50,7 +54,7 @@ class Core:
                                  settings.command_grace)
         self.files = Files(self.sandboxes.get_live, settings.limits)
         self._reaper: asyncio.Task | None = None
-        self._keys: set[str] = set()
+        self._keys: dict[bytes, tuple[Principal, float]] = {}  # key digest -> (who, until)
         self._background: list[asyncio.Task] = []
 
     async def start(self, url: str = "") -> None:
@@ -61,7 +65,7 @@ class Core:
         warm = {}
         for name in self.settings.pool_templates if self.settings.pool_size else ():
             try:
-                warm[name] = (await self.templates.source(name)).image
+                warm[name] = (await self.templates.source(name, SYSTEM)).image
             except SandlotError as e:
                 log.warning("warm pool: template %r: %s", name, e.message)
         self.runtime.keep_warm(warm)
@@ -92,14 +96,28 @@ class Core:
         self.sandboxes.live.clear()
         await self.db.close()
 
-    async def key_valid(self, key: str) -> bool:
-        """Whether `key` is an API key of the deployment (valid ones are remembered)."""
-        if key in self._keys:
-            return True
-        if await self.db.key_valid(key):
-            self._keys.add(key)
-            return True
-        return False
+    async def add_admin_key(self, key: str) -> None:
+        """An operator's key (SANDLOT_API_KEY in the server's environment): sees everything."""
+        await self.db.add_key(key, OPERATOR_TENANT, admin=True)
+
+    async def authenticate(self, key: str | None) -> Principal:
+        """Who an API key acts for; AuthenticationError if it is not a key of the deployment.
+        A check is remembered for a few seconds (a revoked key is refused after that)."""
+        if not key:
+            raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
+        digest = hashlib.sha256(key.encode()).digest()
+        cached = self._keys.get(digest)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        found = await self.db.key_principal(key)
+        if found is None:
+            self._keys.pop(digest, None)
+            raise AuthenticationError("invalid API key")
+        who = Principal(tenant=found[0], admin=found[1])
+        if len(self._keys) > 10_000:
+            self._keys.clear()
+        self._keys[digest] = (who, time.monotonic() + KEY_CACHE_SECONDS)
+        return who
 
     async def _remove_lost(self) -> None:
         """This host was marked lost (silent too long) and answers again: the sandboxes the

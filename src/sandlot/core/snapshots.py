@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from sandlot.core.db import MetadataStore, NameTaken
+from sandlot.core.db import MetadataStore, NameTaken, scoped_name
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
     SnapshotKind,
@@ -31,6 +31,7 @@ from sandlot.core.models import (
     transition,
 )
 from sandlot.core.sources import Source
+from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -76,8 +77,9 @@ class SnapshotManager:
 
     async def _save(self, rec: SnapshotRecord) -> None:
         try:
-            await self.db.put_snapshot(rec.snapshot_id, rec.name, rec.state.value, self.host_id,
-                                       to_doc(rec), rec.created_at.timestamp())
+            await self.db.put_snapshot(rec.snapshot_id, scoped_name(_tenant(rec), rec.name),
+                                       rec.state.value, self.host_id, to_doc(rec),
+                                       rec.created_at.timestamp())
         except NameTaken:
             raise ConflictError(f"a snapshot named {rec.name!r} already exists") from None
         progress = self._progress.get(rec.snapshot_id)
@@ -88,25 +90,32 @@ class SnapshotManager:
                 progress.finished.set()
                 self._progress.pop(rec.snapshot_id, None)
 
-    async def get(self, id_or_name: str, *, include_deleted: bool = False) -> SnapshotRecord:
-        doc = await self.db.get_snapshot(id_or_name)
-        if doc is None:
+    async def get(self, id_or_name: str, who: Principal, *, include_deleted: bool = False
+                  ) -> SnapshotRecord:
+        """A snapshot by id, or by name among `who`'s tenant's; another tenant's is not
+        found."""
+        key = id_or_name if id_or_name.startswith("snap-") else scoped_name(who.tenant,
+                                                                             id_or_name)
+        doc = await self.db.get_snapshot(key)
+        rec = SnapshotRecord.model_validate(doc) if doc is not None else None
+        if rec is None or not who.sees(rec.owner):
             raise NotFoundError(f"snapshot {id_or_name!r} not found")
-        rec = SnapshotRecord.model_validate(doc)
         if rec.state == SnapshotState.DELETED and not include_deleted:
             raise NotFoundError(f"snapshot {id_or_name!r} was deleted")
         return rec
 
     async def list(self, sandbox_id: str | None = None,
-                   kind: SnapshotKind = SnapshotKind.USER) -> list[SnapshotRecord]:
+                   kind: SnapshotKind = SnapshotKind.USER, *,
+                   who: Principal) -> list[SnapshotRecord]:
         states = tuple(s.value for s in SnapshotState if s != SnapshotState.DELETED)
         recs = [SnapshotRecord.model_validate(d) for d in await self.db.snapshots(states)]
-        recs = [r for r in recs if r.kind == kind and not r.internal]
+        recs = [r for r in recs if r.kind == kind and not r.internal and who.sees(r.owner)]
         if sandbox_id:
             recs = [r for r in recs if r.sandbox_id == sandbox_id]
         return recs
 
-    async def check_name(self, name: str | None, except_id: str | None = None) -> None:
+    async def check_name(self, name: str | None, tenant: str,
+                         except_id: str | None = None) -> None:
         if name is None:
             return
         base, _, tag = name.partition(":")
@@ -116,20 +125,21 @@ class SnapshotManager:
                 "snapshot names are 1-63 lowercase letters, digits, '.', '_' or '-', "
                 "optionally with a tag of the same (`name:tag`), and may not start with "
                 "'snap-' or 'sb-'")
-        if await self.db.name_taken(name, except_id):
+        if await self.db.name_taken(scoped_name(tenant, name), except_id):
             raise ConflictError(f"a snapshot named {name!r} already exists")
 
-    async def rename(self, id_or_name: str, name: str | None) -> SnapshotRecord:
-        rec = await self.get(id_or_name)
-        await self.check_name(name, except_id=rec.snapshot_id)
+    async def rename(self, id_or_name: str, name: str | None, *, who: Principal
+                     ) -> SnapshotRecord:
+        rec = await self.get(id_or_name, who)
+        await self.check_name(name, _tenant(rec), except_id=rec.snapshot_id)
         rec.name = name
         await self._save(rec)
         return rec
 
-    async def delete(self, id_or_name: str) -> None:
+    async def delete(self, id_or_name: str, *, who: Principal) -> None:
         """Soft delete: the record stays as `deleted`; the data goes in the background (the
         local files once no sandbox restored from it maps them)."""
-        rec = await self.get(id_or_name)
+        rec = await self.get(id_or_name, who)
         if rec.state in (SnapshotState.CREATING, SnapshotState.UPLOADING):
             raise InvalidStateError(f"snapshot {rec.snapshot_id} is still {rec.state.value}; "
                                     "wait for it before deleting", current=rec.state.value,
@@ -157,7 +167,7 @@ class SnapshotManager:
         # saved `deleted` before the check (NotFoundError here), whatever the order.
         self._holds[snapshot_id] = self._holds.get(snapshot_id, 0) + 1
         try:
-            await self.get(snapshot_id)  # not deleted meanwhile
+            await self.get(snapshot_id, SYSTEM)  # not deleted meanwhile
             yield
         finally:
             left = self._holds.pop(snapshot_id) - 1
@@ -169,16 +179,16 @@ class SnapshotManager:
 
     # ---- sources --------------------------------------------------------------------------
 
-    async def source(self, id_or_name: str) -> Source:
-        """A ready snapshot as a restore source; InvalidStateError if it cannot be one here.
-        A snapshot id this server has no record of is looked up in the store (another server
-        took it): its manifest carries its record."""
+    async def source(self, id_or_name: str, who: Principal) -> Source:
+        """A ready snapshot of `who`'s as a restore source; InvalidStateError if it cannot be
+        one here. A snapshot id this server has no record of is looked up in the store
+        (another server took it): its manifest carries its record."""
         try:
-            rec = await self.get(id_or_name, include_deleted=True)
+            rec = await self.get(id_or_name, who, include_deleted=True)
         except NotFoundError:
-            if not id_or_name.startswith("snap-"):
-                raise
-            rec = await self._from_store(id_or_name)
+            if not id_or_name.startswith("snap-") or await self.db.get_snapshot(id_or_name):
+                raise  # a record of another tenant's is as good as none
+            rec = await self._from_store(id_or_name, who)
         if rec.state == SnapshotState.DELETED:
             # Not looked for in the store: its copy there may not be gone yet, and must not
             # bring the record back.
@@ -192,7 +202,7 @@ class SnapshotManager:
                                     allowed=("ready",))
         return self.source_of(rec)
 
-    async def _from_store(self, snapshot_id: str) -> SnapshotRecord:
+    async def _from_store(self, snapshot_id: str, who: Principal) -> SnapshotRecord:
         try:
             meta = await self.runtime.stored_meta(snapshot_id)
         except NotFoundError:
@@ -201,6 +211,8 @@ class SnapshotManager:
         if not isinstance(record, dict) or record.get("snapshot_id") != snapshot_id:
             raise NotFoundError(f"snapshot {snapshot_id!r} is in the store without a record")
         rec = SnapshotRecord.model_validate({**record, "name": None})
+        if not who.sees(rec.owner):
+            raise NotFoundError(f"snapshot {snapshot_id!r} not found")
         rec.state = SnapshotState.READY
         await self._save(rec)
         log.info("snapshot %s: taken by another server, found in the store", snapshot_id)
@@ -222,17 +234,19 @@ class SnapshotManager:
 
     async def begin(self, live: LiveSandbox, name: str | None,
                     kind: SnapshotKind = SnapshotKind.USER,
-                    internal: bool = False, memory: bool = True) -> SnapshotRecord:
-        """A new `creating` record for a snapshot of `live` (`internal`: not listed, deleted
-        by its host's next start if still there: a fork's, for children on other hosts;
-        `memory` false: its filesystem only)."""
-        await self.check_name(name)
+                    internal: bool = False, memory: bool = True,
+                    owner: str | None = None) -> SnapshotRecord:
+        """A new `creating` record for a snapshot of `live`, of tenant `owner` (`internal`:
+        not listed, deleted by its host's next start if still there: a fork's, for children
+        on other hosts; `memory` false: its filesystem only)."""
+        owner = owner or live.record.owner
+        await self.check_name(name, owner or OPERATOR_TENANT)
         sb = live.record
         rec = SnapshotRecord(
             snapshot_id=new_snapshot_id(), name=name, sandbox_id=sb.sandbox_id,
             template=sb.template, memory_mb=sb.memory_mb, cpus=sb.cpus, env=dict(sb.env),
             kind=kind, workdir=sb.workdir, user=sb.user, build=sb.build, internal=internal,
-            memory=memory,
+            memory=memory, owner=owner,
         )
         self._progress[rec.snapshot_id] = _Progress()
         await self._save(rec)
@@ -286,7 +300,7 @@ class SnapshotManager:
             stored = await self.runtime.persist(captured, {"record": to_doc(rec)})
             rec.size_bytes = stored.size_bytes
             rec.stored_bytes = stored.stored_bytes
-            current = await self.get(rec.snapshot_id, include_deleted=True)
+            current = await self.get(rec.snapshot_id, SYSTEM, include_deleted=True)
             if current.state != SnapshotState.UPLOADING:
                 return current
             transition(rec, SnapshotState.READY)
@@ -317,10 +331,10 @@ class SnapshotManager:
         self._spawn(self.runtime.discard(rec.snapshot_id))
 
     async def wait(self, id_or_name: str, timeout: float | None = 300,
-                   captured_only: bool = False) -> SnapshotRecord:
+                   captured_only: bool = False, *, who: Principal) -> SnapshotRecord:
         """The snapshot once it is ready, failed or deleted (or, `captured_only`, no longer
         creating), or as it is when `timeout` runs out."""
-        rec = await self.get(id_or_name, include_deleted=True)
+        rec = await self.get(id_or_name, who, include_deleted=True)
         progress = self._progress.get(rec.snapshot_id)
         if progress is not None:
             event = progress.captured if captured_only else progress.finished
@@ -328,7 +342,7 @@ class SnapshotManager:
                 await asyncio.wait_for(event.wait(), timeout)
             except TimeoutError:
                 pass
-            return await self.get(rec.snapshot_id, include_deleted=True)
+            return await self.get(rec.snapshot_id, who, include_deleted=True)
         # Taken by another host: its changes come through the store (NOTIFY where shared).
         deadline = None if timeout is None else time.monotonic() + timeout
         while not (rec.state in TERMINAL or
@@ -341,7 +355,7 @@ class SnapshotManager:
                 await asyncio.wait_for(self._changed.wait(), min(1.0, left or 1.0))
             except TimeoutError:
                 pass
-            rec = await self.get(rec.snapshot_id, include_deleted=True)
+            rec = await self.get(rec.snapshot_id, who, include_deleted=True)
         return rec
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -379,3 +393,7 @@ class SnapshotManager:
                 await self._save(rec)
                 self._spawn(self.runtime.discard(rec.snapshot_id))
         return {d["snapshot_id"] for d in await self.db.snapshots(("ready",))}
+
+
+def _tenant(rec: SnapshotRecord) -> str:
+    return rec.owner or OPERATOR_TENANT

@@ -29,6 +29,7 @@ from sandlot.config import Settings
 from sandlot.core.db import run_sync, with_store
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
+from sandlot.core.tenancy import SYSTEM, Principal
 from sandlot.errors import (
     ImageError,
     InvalidArgumentError,
@@ -50,6 +51,7 @@ from sandlot.vmm.machine import DEVICE_MODEL
 from sandlot.vmm.qemu import qemu_info
 
 log = logging.getLogger(__name__)
+IMAGE_TEMPLATE_PREFIX = "image-"  # the templates creates from an OCI image make
 IMAGE_BUILDER_VERSION = "1"  # bump when a build from an image changes in a way its digest
 # does not show
 
@@ -77,18 +79,27 @@ class TemplateStore:
             raise NotFoundError(f"template {name!r} not found; build it with "
                                 f"`sandlot template build {name}`") from None
 
-    def list(self) -> list[TemplateInfo]:
+    def list(self, who: Principal = SYSTEM) -> list[TemplateInfo]:
+        """This host's templates `who` may use (every one for an admin and for core)."""
         if not self.index.exists():
             return []
-        return [TemplateInfo.model_validate_json(p.read_text())
-                for p in sorted(self.index.glob("*.json"))]
+        infos = [TemplateInfo.model_validate_json(p.read_text())
+                 for p in sorted(self.index.glob("*.json"))]
+        return [i for i in infos if visible(i, who)]
 
     def remove(self, name: str) -> None:
         self.get(name)
         (self.index / f"{name}.json").unlink()
 
-    async def info(self, name: str) -> TemplateInfo:
-        """A template by name: this host's, else the store's (then remembered here)."""
+    async def info(self, name: str, who: Principal = SYSTEM) -> TemplateInfo:
+        """A template by name that `who` may use: this host's, else the store's (then
+        remembered here)."""
+        info = await self._info(name)
+        if not visible(info, who):
+            raise NotFoundError(f"template {name!r} not found")
+        return info
+
+    async def _info(self, name: str) -> TemplateInfo:
         try:
             return self.get(name)
         except NotFoundError:
@@ -122,7 +133,7 @@ class TemplateStore:
                 raise
             log.warning("image %s: %s; using the template it named before (%s)", reference,
                         e.message, known)
-            return await self.source(known)
+            return await self.source(known, SYSTEM)
         name = image_template_name(pinned)
         assert pinned.digest
         try:
@@ -130,7 +141,7 @@ class TemplateStore:
             if not await asyncio.to_thread(image_template_current, info, pinned.digest,
                                            self.root):
                 raise NotFoundError(f"template {name} was built by another sandlot")
-            source = await self.source(name)
+            source = await self.source(name, SYSTEM)
         except NotFoundError:
             task = self._image_builds.get(pinned.digest)
             if task is None:
@@ -138,7 +149,7 @@ class TemplateStore:
                 self._image_builds[pinned.digest] = task
                 task.add_done_callback(lambda _: self._image_builds.pop(pinned.digest, None))
             await asyncio.shield(task)
-            source = await self.source(name)
+            source = await self.source(name, SYSTEM)
         self._image_names[ref.text] = name
         return source
 
@@ -155,10 +166,22 @@ class TemplateStore:
                                 access=access, quiet=True, runtime=lambda _: runtime,
                                 run=on_loop)
 
-    async def source(self, name: str) -> Source:
-        info = await self.info(name)
+    async def source(self, name: str, who: Principal) -> Source:
+        """A template `who` may use, as a restore source."""
+        info = await self.info(name, who)
         return Source(image=image_of(info), env=dict(info.env), template=info.name,
                       workdir=info.workdir, user=info.user)
+
+
+def visible(info: TemplateInfo, who: Principal) -> bool:
+    """Shared templates (the operator's) are every tenant's; a template a tenant built is
+    its own; the templates creates from an image make (by digest) are named only by admins
+    (a tenant creates from the image reference, which is checked against its registry)."""
+    if who.admin:
+        return True
+    if info.name.startswith(IMAGE_TEMPLATE_PREFIX) and info.image:
+        return False
+    return info.owner is None or info.owner == who.tenant
 
 
 def image_of(info: TemplateInfo) -> Image:
@@ -365,7 +388,7 @@ def image_template_current(info: TemplateInfo, digest: str, images: Path) -> boo
 def image_template_name(ref: oci.Reference) -> str:
     """The template a create from an image uses: one per image digest."""
     assert ref.digest
-    return "image-" + ref.digest.removeprefix("sha256:")[:16]
+    return IMAGE_TEMPLATE_PREFIX + ref.digest.removeprefix("sha256:")[:16]
 
 
 def pull_image_template(reference: str, name: str | None = None, *, settings: Settings,

@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         await core.start(settings.advertise_url or "")
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
-            await core.db.add_key(preset)
+            await core.add_admin_key(preset)
         app.state.peers = Peers(core.host_id, await core.db.secret(PEER_SECRET)
                                 if core.db.shared else "")
         await start_e2b_state(app.state, core)

@@ -1,11 +1,12 @@
-"""API key check: ``Authorization: Bearer <key>`` against hashed keys in the metadata store."""
+"""API keys: ``Authorization: Bearer <key>`` (or ``X-API-Key``) names who a request acts for,
+a `Principal` (core/tenancy.py), which every core call that names an object is given."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
-from sandlot.core.keys import owner_of
-from sandlot.errors import AuthenticationError
+from sandlot.core.tenancy import Principal
+from sandlot.errors import PermissionDeniedError
 
 
 def bearer_key(request: Request) -> str | None:
@@ -17,14 +18,17 @@ def bearer_key(request: Request) -> str | None:
 
 
 async def require_key(request: Request) -> None:
-    key = bearer_key(request)
-    if not key:
-        raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
-    if not await request.app.state.core.key_valid(key):
-        raise AuthenticationError("invalid API key")
-    request.state.owner = owner_of(key)
+    """Authenticate the request (AuthenticationError: 401) and keep who it acts for."""
+    request.state.principal = await request.app.state.core.authenticate(bearer_key(request))
 
 
-def owner(request: Request) -> str | None:
-    """The API key a request came with, as records keep it (`keys.owner_of`)."""
-    return getattr(request.state, "owner", None)
+def who(request: Request) -> Principal:
+    """Who an authenticated request acts for."""
+    return request.state.principal
+
+
+async def require_admin(request: Request) -> None:
+    """An operator's call (the deployment's hosts): admin keys only (403 for others)."""
+    if not who(request).admin:
+        raise PermissionDeniedError("this call is for the deployment's operators (an admin "
+                                    "key); this key's tenant cannot make it")

@@ -1,6 +1,7 @@
 """Auto-resume: a paused sandbox created with ``auto_resume`` comes back by itself when a
-request needs it running (a command, a file, an envd call, a fork, a snapshot ...); reading
-its record, killing, pausing, resuming or connecting to it do not count.
+request of its tenant needs it running (a command, a file, an envd call, a fork, a snapshot
+...); reading its record, killing, pausing, resuming or connecting to it do not count, and
+neither does a request without a credential for it.
 
 ASGI middleware, so sandlot's API and the E2B endpoints behave alike."""
 
@@ -9,9 +10,11 @@ from __future__ import annotations
 import logging
 import re
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandlot.errors import SandlotError
+from sandlot.core.tenancy import NOBODY, OPERATOR_TENANT, SYSTEM, Principal
+from sandlot.errors import NotFoundError, SandlotError
 from sandlot.server.forward import sandbox_of
 
 log = logging.getLogger(__name__)
@@ -28,13 +31,33 @@ class AutoResume:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         core = self.get_core() if scope["type"] == "http" else None
         sandbox_id = sandbox_of(scope) if core is not None else None
-        if (sandbox_id is not None and sandbox_id not in core.sandboxes.live
-                and not NOT_A_USE.match(scope.get("path", ""))):
-            doc = await core.db.get_sandbox(sandbox_id)
-            if doc and doc.get("state") == "paused" and doc.get("auto_resume"):
-                try:
-                    await core.sandboxes.resume(sandbox_id)
+        if sandbox_id is not None and not NOT_A_USE.match(scope.get("path", "")):
+            try:
+                who = await _caller(scope, core, sandbox_id)
+                if await core.sandboxes.resume_on_use(sandbox_id, who):
                     log.info("sandbox %s resumed by a request (auto_resume)", sandbox_id)
-                except SandlotError as e:  # the request then answers as for a paused one
-                    log.warning("sandbox %s: auto-resume failed: %s", sandbox_id, e.message)
+            except SandlotError as e:  # the request then answers as for a paused one
+                log.warning("sandbox %s: auto-resume failed: %s", sandbox_id, e.message)
         await self.app(scope, receive, send)
+
+
+async def _caller(scope: Scope, core, sandbox_id: str) -> Principal:
+    """Who the request acts for, as far as waking `sandbox_id` goes: its API key's tenant, or
+    the sandbox's own tenant for its envd access token; else nobody."""
+    headers = Headers(scope=scope)
+    token = headers.get("x-access-token")
+    e2b = getattr(scope["app"].state, "e2b", None)
+    if token and e2b is not None:
+        if not e2b.tokens.check(sandbox_id, token):
+            return NOBODY
+        try:
+            return Principal((await core.sandboxes.get(sandbox_id, SYSTEM)).owner
+                             or OPERATOR_TENANT)
+        except NotFoundError:
+            return NOBODY
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    key = key.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
+    try:
+        return await core.authenticate(key)
+    except SandlotError:
+        return NOBODY

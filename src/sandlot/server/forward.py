@@ -151,7 +151,7 @@ class ForwardToOwner:
         url = await core.hosts.url_of(host) if host else None
         if url is None:  # here, unknown, or its host is gone: answered here
             if doc is not None:
-                core.sandboxes.seen(sandbox_id, str(doc.get("state")))
+                core.sandboxes.seen(sandbox_id, str(doc.get("state")), doc.get("owner"))
             await self.app(scope, receive, send)
             return
         async def here() -> None:

@@ -17,7 +17,9 @@ from fastapi import Request, Response
 from sandlot.core.hosts import HostInfo, HostState, Need
 from sandlot.core.models import CreateSandbox, SandboxRecord, SnapshotState
 from sandlot.core.service import Core
+from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, HostUnavailableError, SandlotError, StorageError
+from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.errors import error_body
 from sandlot.server.forward import FORWARDED, HOP_BY_HOP, Peers, forwarded
@@ -42,10 +44,10 @@ def forked_from(request: Request) -> str | None:
     return request.headers.get(FORKED_FROM) if forwarded(request.scope) else None
 
 
-async def need_of(c: Core, req: CreateSandbox) -> Need:
+async def need_of(c: Core, req: CreateSandbox, caller: Principal) -> Need:
     """What a create asks of a host: its memory, and its image (cached hosts first)."""
     try:
-        source = await c.sandboxes.resolve_source(req)
+        source = await c.sandboxes.resolve_source(req, caller)
     except SandlotError:
         return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB)
     return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
@@ -59,7 +61,7 @@ async def elsewhere(request: Request, req: CreateSandbox | None = None,
     c = core(request)
     if not placing(request):
         return None
-    need = need or await need_of(c, req or CreateSandbox())
+    need = need or await need_of(c, req or CreateSandbox(), who(request))
     body = await request.body()
     answer = None
     for host in await c.hosts.place(need):
@@ -105,11 +107,11 @@ async def fork_spread(request: Request, parent_id: str, count: int
                       ) -> list[SandboxRecord | SandlotError]:
     """`count` children of `parent_id` on other hosts: one snapshot of the parent, restored
     where placement puts each child (spread by free slots); the snapshot goes once they run."""
-    c = core(request)
-    parent = (await c.sandboxes.get(parent_id))
-    snap = await c.sandboxes.snapshot(parent_id, internal=True)
+    c, caller = core(request), who(request)
+    parent = await c.sandboxes.get(parent_id, caller)
+    snap = await c.sandboxes.snapshot(parent_id, internal=True, who=caller)
     try:
-        snap = await c.snapshots.wait(snap.snapshot_id, SPREAD_SNAPSHOT_WAIT)
+        snap = await c.snapshots.wait(snap.snapshot_id, SPREAD_SNAPSHOT_WAIT, who=caller)
         if snap.state != SnapshotState.READY:
             error = StorageError(f"the parent's state could not be stored for children on "
                                  f"other hosts: {snap.error or snap.state.value}")
@@ -141,7 +143,7 @@ async def fork_spread(request: Request, parent_id: str, count: int
         return list(await asyncio.gather(*(child(i) for i in plan)))
     finally:
         try:
-            await c.snapshots.delete(snap.snapshot_id)
+            await c.snapshots.delete(snap.snapshot_id, who=caller)
         except SandlotError as e:
             log.warning("fork snapshot %s not deleted: %s", snap.snapshot_id, e.message)
 

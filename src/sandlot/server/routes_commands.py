@@ -16,6 +16,7 @@ from sandlot.core.models import (
     TerminalSize,
 )
 from sandlot.errors import InvalidArgumentError
+from sandlot.server.auth import who
 from sandlot.server.deps import core, ndjson
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/commands", tags=["commands"])
@@ -41,8 +42,8 @@ async def run_command(sandbox_id: str, body: ExecRequest, request: Request):
     """Run a command: its events as NDJSON, or with `background` its pid (JSON `Started`)."""
     commands = core(request).commands
     if body.background:
-        return Started(pid=await commands.start(sandbox_id, body))
-    events = commands.run(sandbox_id, body)
+        return Started(pid=await commands.start(sandbox_id, body, who=who(request)))
+    events = commands.run(sandbox_id, body, who=who(request))
     first = await anext(events)  # errors before the process starts are plain HTTP errors
     return StreamingResponse(ndjson(first, events, core(request).settings.stream_keepalive),
                              media_type=NDJSON)
@@ -50,14 +51,15 @@ async def run_command(sandbox_id: str, body: ExecRequest, request: Request):
 
 @router.get("", response_model=ProcessList)
 async def list_commands(sandbox_id: str, request: Request) -> ProcessList:
-    return ProcessList(processes=await core(request).commands.list(sandbox_id))
+    return ProcessList(processes=await core(request).commands.list(sandbox_id,
+                                                                     who=who(request)))
 
 
 @router.get("/{pid}/stream", response_model=None, responses={
     200: {"description": "One CommandEvent per line.",
           "content": {NDJSON: {"schema": {"$ref": "#/components/schemas/CommandEvent"}}}}})
 async def attach(sandbox_id: str, pid: int, request: Request):
-    events = core(request).commands.attach(sandbox_id, pid)
+    events = core(request).commands.attach(sandbox_id, pid, who=who(request))
     try:
         first = await anext(events)
     except StopAsyncIteration:
@@ -68,14 +70,15 @@ async def attach(sandbox_id: str, pid: int, request: Request):
 
 @router.post("/{pid}/stdin", status_code=204)
 async def send_stdin(sandbox_id: str, pid: int, body: StdinBody, request: Request) -> Response:
-    await core(request).commands.send_stdin(sandbox_id, pid, body.data.encode(), body.eof)
+    await core(request).commands.send_stdin(sandbox_id, pid, body.data.encode(), body.eof,
+                                            who=who(request))
     return Response(status_code=204)
 
 
 @router.post("/{pid}/resize", status_code=204)
 async def resize(sandbox_id: str, pid: int, body: TerminalSize, request: Request) -> Response:
     """Set the size of the terminal of a command started with `pty`."""
-    await core(request).commands.resize(sandbox_id, pid, body)
+    await core(request).commands.resize(sandbox_id, pid, body, who=who(request))
     return Response(status_code=204)
 
 
@@ -85,7 +88,8 @@ async def kill(sandbox_id: str, pid: int, request: Request, body: KillBody | Non
     sig = body.signal if body else 9
     if not 1 <= sig <= 64:
         raise InvalidArgumentError("signal must be between 1 and 64")
-    return Killed(killed=await core(request).commands.kill(sandbox_id, pid, sig))
+    return Killed(killed=await core(request).commands.kill(sandbox_id, pid, sig,
+                                                          who=who(request)))
 
 
 # Not response models, but the streams above are made of them: app.py adds their schemas.

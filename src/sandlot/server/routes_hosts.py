@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from sandlot.core.hosts import HostInfo, HostState
+from sandlot.server.auth import require_admin
 from sandlot.server.deps import core
 
-router = APIRouter(prefix="/v1/hosts", tags=["hosts"])
+# The deployment's hosts are the operators' business: admin keys only.
+router = APIRouter(prefix="/v1/hosts", tags=["hosts"], dependencies=[Depends(require_admin)])
 
 
 class HostList(BaseModel):

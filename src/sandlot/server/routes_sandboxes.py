@@ -17,7 +17,7 @@ from sandlot.core.models import (
 )
 from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
-from sandlot.server.auth import owner
+from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.metrics import timed
 from sandlot.server.placement import (
@@ -77,7 +77,7 @@ async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord
     """A new sandbox from a template or a snapshot, on the host placement picks."""
     with timed(request, "restore" if body.snapshot_id else "create"):
         return await elsewhere(request, body) or await core(request).sandboxes.create(
-            body, forked_from=forked_from(request), owner=owner(request))
+            body, forked_from=forked_from(request), who=who(request))
 
 
 @router.get("", response_model=SandboxList)
@@ -95,23 +95,25 @@ async def list_sandboxes(request: Request, metadata: str | None = None, all: boo
             raise InvalidArgumentError("metadata must be a JSON object of strings") from None
         wanted = {str(k): str(v) for k, v in wanted.items()}
     states = tuple(state) if state else None
-    return SandboxList(sandboxes=await core(request).sandboxes.list(wanted, all=all, states=states))
+    return SandboxList(sandboxes=await core(request).sandboxes.list(
+        wanted, all=all, states=states, who=who(request)))
 
 
 @router.get("/{sandbox_id}", response_model=SandboxRecord)
 async def get_sandbox(sandbox_id: str, request: Request) -> SandboxRecord:
-    return await core(request).sandboxes.get(sandbox_id)
+    return await core(request).sandboxes.get(sandbox_id, who(request))
 
 
 @router.delete("/{sandbox_id}", status_code=204)
 async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
-    await core(request).sandboxes.kill(sandbox_id)
+    await core(request).sandboxes.kill(sandbox_id, who=who(request))
     return Response(status_code=204)
 
 
 @router.post("/{sandbox_id}/timeout", response_model=SandboxRecord)
 async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> SandboxRecord:
-    return await core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    return await core(request).sandboxes.set_timeout(sandbox_id, body.timeout,
+                                                     who=who(request))
 
 
 @router.post("/{sandbox_id}/fork", response_model=ForkResult)
@@ -124,7 +126,7 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> For
     pause_ms = 0.0
     with timed(request, "fork"):
         if here:
-            forked = await c.sandboxes.fork(sandbox_id, here)
+            forked = await c.sandboxes.fork(sandbox_id, here, who=who(request))
             results, pause_ms = list(forked.children), forked.pause_ms
         if body.count > here:
             results += await fork_spread(request, sandbox_id, body.count - here)
@@ -136,7 +138,8 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> For
 
 @router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)
 async def rollback_sandbox(sandbox_id: str, body: RollbackBody, request: Request) -> SandboxRecord:
-    return await core(request).sandboxes.rollback(sandbox_id, body.snapshot_id)
+    return await core(request).sandboxes.rollback(sandbox_id, body.snapshot_id,
+                                                  who=who(request))
 
 
 class ResumeBody(BaseModel):
@@ -154,7 +157,8 @@ async def pause_sandbox(sandbox_id: str, request: Request,
     back under the same id."""
     memory = body.memory if body is not None and "memory" in body.model_fields_set else None
     with timed(request, "pause"):
-        return await core(request).sandboxes.pause(sandbox_id, memory=memory)
+        return await core(request).sandboxes.pause(sandbox_id, memory=memory,
+                                                   who=who(request))
 
 
 @router.post("/{sandbox_id}/resume", response_model=SandboxRecord)
@@ -165,21 +169,22 @@ async def resume_sandbox(sandbox_id: str, request: Request,
     c = core(request)
     with timed(request, "resume"):
         if placing(request):  # a paused sandbox resumes on whichever host placement picks
-            rec = await c.sandboxes.get(sandbox_id)
+            rec = await c.sandboxes.get(sandbox_id, who(request))
             if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
                 need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot)
                 placed = await elsewhere(request, need=need)
                 if placed is not None:
                     return placed
         return await c.sandboxes.resume(sandbox_id, body.timeout if body else None,
-                                        reboot=bool(body and body.reboot))
+                                        reboot=bool(body and body.reboot), who=who(request))
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)
 async def create_snapshot(sandbox_id: str, request: Request,
                           body: SnapshotBody | None = None) -> SnapshotRecord:
     body = body or SnapshotBody()
-    return await core(request).sandboxes.snapshot(sandbox_id, body.name, memory=body.memory)
+    return await core(request).sandboxes.snapshot(sandbox_id, body.name, memory=body.memory,
+                                                  who=who(request))
 
 
 class MetricList(BaseModel):
@@ -193,7 +198,7 @@ async def sandbox_metrics(sandbox_id: str, request: Request, start: float | None
     SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
     since the epoch)."""
     c = core(request)
-    c.sandboxes.get_live(sandbox_id)
+    c.sandboxes.get_live(sandbox_id, who(request))
     return MetricList(metrics=c.usage.history(sandbox_id, start, end))
 
 
@@ -215,7 +220,8 @@ class NetworkBody(BaseModel):
 
 @router.post("/{sandbox_id}/ports", response_model=ExposedPort)
 async def expose_port(sandbox_id: str, body: PortBody, request: Request) -> ExposedPort:
-    host, port = await core(request).sandboxes.expose_port(sandbox_id, body.port)
+    host, port = await core(request).sandboxes.expose_port(sandbox_id, body.port,
+                                                          who=who(request))
     return ExposedPort(host=host, port=port, address=f"{host}:{port}")
 
 
@@ -224,8 +230,8 @@ async def set_network(sandbox_id: str, body: NetworkBody, request: Request) -> S
     sandboxes = core(request).sandboxes
     network = None
     if body.allow_out is not None or body.deny_out is not None:
-        current = (await sandboxes.get(sandbox_id)).network or NetworkSpec()
+        current = (await sandboxes.get(sandbox_id, who(request))).network or NetworkSpec()
         network = NetworkSpec(
             allow_out=body.allow_out if body.allow_out is not None else current.allow_out,
             deny_out=body.deny_out if body.deny_out is not None else current.deny_out)
-    return await sandboxes.set_network(sandbox_id, body.internet, network)
+    return await sandboxes.set_network(sandbox_id, body.internet, network, who=who(request))

@@ -12,7 +12,7 @@ from sandlot.core.models import (
     SnapshotRecord,
     TemplateInfo,
 )
-from sandlot.server.auth import owner
+from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.metrics import timed
 from sandlot.server.placement import elsewhere
@@ -38,29 +38,30 @@ class RestoreBody(SandboxOverrides):
 
 @router.get("/v1/snapshots", response_model=SnapshotList)
 async def list_snapshots(request: Request, sandbox_id: str | None = None) -> SnapshotList:
-    return SnapshotList(snapshots=await core(request).snapshots.list(sandbox_id))
+    return SnapshotList(snapshots=await core(request).snapshots.list(
+        sandbox_id, who=who(request)))
 
 
 @router.get("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def get_snapshot(id_or_name: str, request: Request) -> SnapshotRecord:
-    return await core(request).snapshots.get(id_or_name, include_deleted=True)
+    return await core(request).snapshots.get(id_or_name, who(request), include_deleted=True)
 
 
 @router.patch("/v1/snapshots/{id_or_name}", response_model=SnapshotRecord)
 async def rename_snapshot(id_or_name: str, body: RenameBody, request: Request) -> SnapshotRecord:
-    return await core(request).snapshots.rename(id_or_name, body.name)
+    return await core(request).snapshots.rename(id_or_name, body.name, who=who(request))
 
 
 @router.post("/v1/snapshots/{id_or_name}/wait", response_model=SnapshotRecord)
 async def wait_snapshot(id_or_name: str, request: Request,
                         timeout: float = Query(30.0, ge=0, le=300)) -> SnapshotRecord:
     """The snapshot once it is ready, failed or deleted, or as it is after `timeout` s."""
-    return await core(request).snapshots.wait(id_or_name, timeout)
+    return await core(request).snapshots.wait(id_or_name, timeout, who=who(request))
 
 
 @router.delete("/v1/snapshots/{id_or_name}", status_code=204)
 async def delete_snapshot(id_or_name: str, request: Request) -> Response:
-    await core(request).snapshots.delete(id_or_name)
+    await core(request).snapshots.delete(id_or_name, who=who(request))
     return Response(status_code=204)
 
 
@@ -75,14 +76,14 @@ async def restore_snapshot(id_or_name: str, request: Request,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
     with timed(request, "restore"):
         return await elsewhere(request, req) or await core(request).sandboxes.create(
-            req, owner=owner(request))
+            req, who=who(request))
 
 
 @router.get("/v1/templates", response_model=TemplateList)
 async def list_templates(request: Request) -> TemplateList:
-    return TemplateList(templates=core(request).templates.list())
+    return TemplateList(templates=core(request).templates.list(who(request)))
 
 
 @router.get("/v1/templates/{name}", response_model=TemplateInfo)
 async def get_template(name: str, request: Request) -> TemplateInfo:
-    return await core(request).templates.info(name)
+    return await core(request).templates.info(name, who(request))

@@ -12,7 +12,14 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from sandlot.core.db.common import HostRow, NameTaken, hash_key, new_api_key
+from sandlot.core.db.common import (
+    HostRow,
+    KeyRow,
+    NameTaken,
+    hash_key,
+    new_api_key,
+    scoped_name,
+)
 
 T = TypeVar("T")
 
@@ -25,8 +32,14 @@ class MetadataStore(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
-    async def add_key(self, key: str) -> None: ...
-    async def key_valid(self, key: str) -> bool: ...
+    async def add_key(self, key: str, tenant: str, admin: bool = False) -> None: ...
+
+    async def key_principal(self, key: str) -> tuple[str, bool] | None:
+        """The key's (tenant, admin), or None if it is not a key of the deployment."""
+        ...
+
+    async def keys(self) -> list[KeyRow]: ...
+    async def revoke_key(self, kid: str) -> bool: ...
 
     async def secret(self, name: str) -> str:
         """A random secret kept in the store, made on first use (the same for every host)."""
@@ -89,5 +102,5 @@ async def with_store(database_url: str | None, sqlite_path: Path, fn):
         await store.close()
 
 
-__all__ = ["HostRow", "MetadataStore", "NameTaken", "hash_key", "new_api_key", "open_store",
-           "run_sync", "with_store"]
+__all__ = ["HostRow", "KeyRow", "MetadataStore", "NameTaken", "hash_key", "new_api_key",
+           "open_store", "run_sync", "scoped_name", "with_store"]

@@ -28,6 +28,32 @@ def new_api_key() -> str:
     return "sl_" + secrets.token_urlsafe(24)
 
 
+def key_id(key_hash: str) -> str:
+    """A key's public name (in `sandlot keys list`, for revoke): never the key itself."""
+    return "key-" + key_hash[:16]
+
+
+def tenant_of_row(key_hash: str, tenant: str | None) -> str:
+    """A key's tenant; a key made before tenants is a tenant of its own, named as the
+    records it made name their owner."""
+    return tenant or key_id(key_hash)
+
+
+def scoped_name(tenant: str, name: str | None) -> str | None:
+    """A snapshot name as the store keeps it: unique within its tenant only."""
+    return None if name is None else f"{tenant}/{name}"
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """An API key as `sandlot keys list` shows it."""
+
+    key_id: str
+    tenant: str
+    admin: bool
+    created_at: float
+
+
 @dataclass(frozen=True)
 class HostRow:
     """A host as the store has it: `age` is the seconds since its last heartbeat."""

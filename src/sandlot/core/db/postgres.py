@@ -24,10 +24,13 @@ from sandlot.core.db.common import (
     LIVE_SANDBOX_STATES,
     UNFINISHED_SNAPSHOT_STATES,
     HostRow,
+    KeyRow,
     NameTaken,
     failed_snapshot_doc,
     hash_key,
+    key_id,
     lost_sandbox_doc,
+    tenant_of_row,
 )
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,13 @@ MIGRATIONS: tuple[str, ...] = (
         id TEXT PRIMARY KEY, url TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL,
         heartbeat_at DOUBLE PRECISION NOT NULL);
     CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+    # tenants: a key's tenant and admin flag; snapshot names unique per tenant ("tenant/name")
+    """
+    ALTER TABLE api_keys ADD COLUMN tenant TEXT;
+    ALTER TABLE api_keys ADD COLUMN admin BOOLEAN NOT NULL DEFAULT false;
+    UPDATE snapshots SET name = 'operator/' || name
+        WHERE name IS NOT NULL AND position('/' in name) = 0;
     """,
 )
 
@@ -122,12 +132,27 @@ class PostgresStore:
 
     # ---- API keys and secrets -------------------------------------------------------------
 
-    async def add_key(self, key: str) -> None:
-        await self._q("INSERT INTO api_keys VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                      (hash_key(key), time.time()))
+    async def add_key(self, key: str, tenant: str, admin: bool = False) -> None:
+        # A key added again keeps its tenant (its objects); an admin's becomes an admin.
+        await self._q("INSERT INTO api_keys (hash, created_at, tenant, admin) "
+                      "VALUES (%s, %s, %s, %s) ON CONFLICT (hash) DO UPDATE SET "
+                      "admin = api_keys.admin OR excluded.admin",
+                      (hash_key(key), time.time(), tenant, admin))
 
-    async def key_valid(self, key: str) -> bool:
-        return bool(await self._q("SELECT 1 FROM api_keys WHERE hash = %s", (hash_key(key),)))
+    async def key_principal(self, key: str) -> tuple[str, bool] | None:
+        h = hash_key(key)
+        rows = await self._q("SELECT tenant, admin FROM api_keys WHERE hash = %s", (h,))
+        return (tenant_of_row(h, rows[0][0]), bool(rows[0][1])) if rows else None
+
+    async def keys(self) -> list[KeyRow]:
+        return [KeyRow(key_id(h), tenant_of_row(h, t), bool(a), c) for h, t, a, c in
+                await self._q("SELECT hash, tenant, admin, created_at FROM api_keys "
+                              "ORDER BY created_at")]
+
+    async def revoke_key(self, kid: str) -> bool:
+        rows = await self._q("DELETE FROM api_keys WHERE 'key-' || substr(hash, 1, 16) = %s "
+                             "RETURNING hash", (kid,))
+        return bool(rows)
 
     async def secret(self, name: str) -> str:
         await self._q("INSERT INTO secrets VALUES (%s, %s) ON CONFLICT DO NOTHING",

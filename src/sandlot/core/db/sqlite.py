@@ -18,11 +18,15 @@ from sandlot.core.db.common import (
     LIVE_SANDBOX_STATES,
     UNFINISHED_SNAPSHOT_STATES,
     HostRow,
+    KeyRow,
     NameTaken,
     failed_snapshot_doc,
     hash_key,
+    key_id,
     lost_sandbox_doc,
+    tenant_of_row,
 )
+from sandlot.core.tenancy import OPERATOR_TENANT
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (hash TEXT PRIMARY KEY, created_at REAL NOT NULL);
@@ -38,7 +42,9 @@ CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # columns added after the first release: (table, column, definition)
 ADDED_COLUMNS = (("sandboxes", "host", "TEXT NOT NULL DEFAULT ''"),
-                 ("snapshots", "host", "TEXT NOT NULL DEFAULT ''"))
+                 ("snapshots", "host", "TEXT NOT NULL DEFAULT ''"),
+                 ("api_keys", "tenant", "TEXT"),
+                 ("api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SqliteStore:
@@ -54,6 +60,10 @@ class SqliteStore:
             have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        # Snapshot names are unique per tenant: the column holds "tenant/name"; names given
+        # before tenants are the operator's.
+        self._db.execute("UPDATE snapshots SET name = ? || '/' || name "
+                         "WHERE name IS NOT NULL AND instr(name, '/') = 0", (OPERATOR_TENANT,))
         for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(f, 0o600)  # env and metadata of every sandbox: the server's only
@@ -71,11 +81,26 @@ class SqliteStore:
 
     # ---- API keys and secrets -------------------------------------------------------------
 
-    async def add_key(self, key: str) -> None:
-        self._q("INSERT OR IGNORE INTO api_keys VALUES (?, ?)", (hash_key(key), time.time()))
+    async def add_key(self, key: str, tenant: str, admin: bool = False) -> None:
+        # A key added again keeps its tenant (its objects); an admin's becomes an admin.
+        self._q("INSERT INTO api_keys (hash, created_at, tenant, admin) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (hash) DO UPDATE SET admin = max(admin, excluded.admin)",
+                (hash_key(key), time.time(), tenant, int(admin)))
 
-    async def key_valid(self, key: str) -> bool:
-        return bool(self._q("SELECT 1 FROM api_keys WHERE hash = ?", (hash_key(key),)))
+    async def key_principal(self, key: str) -> tuple[str, bool] | None:
+        h = hash_key(key)
+        rows = self._q("SELECT tenant, admin FROM api_keys WHERE hash = ?", (h,))
+        return (tenant_of_row(h, rows[0][0]), bool(rows[0][1])) if rows else None
+
+    async def keys(self) -> list[KeyRow]:
+        return [KeyRow(key_id(h), tenant_of_row(h, t), bool(a), c) for h, t, a, c in self._q(
+            "SELECT hash, tenant, admin, created_at FROM api_keys ORDER BY created_at")]
+
+    async def revoke_key(self, kid: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM api_keys WHERE 'key-' || substr(hash, 1, 16) = ?",
+                                   (kid,))
+            return cur.rowcount > 0
 
     async def secret(self, name: str) -> str:
         self._q("INSERT OR IGNORE INTO secrets VALUES (?, ?)", (name, secrets.token_hex(32)))

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandlot.core.keys import owner_of
 from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
 from sandlot.errors import (
     AuthenticationError,
@@ -24,7 +23,7 @@ from sandlot.errors import (
     NotFoundError,
     SandlotError,
 )
-from sandlot.server.auth import bearer_key, owner
+from sandlot.server.auth import bearer_key, who
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
@@ -51,11 +50,11 @@ class E2BRoute(APIRoute):
 
 
 async def require_e2b_key(request: Request) -> None:
-    key = bearer_key(request)  # the SDK sends X-API-KEY
-    if not key or not await core(request).key_valid(key):
-        raise AuthenticationError("missing or invalid API key: set E2B_API_KEY to a sandlot API "
-                                  "key (`sandlot keys create`)")
-    request.state.owner = owner_of(key)
+    try:  # the SDK sends X-API-KEY
+        request.state.principal = await core(request).authenticate(bearer_key(request))
+    except AuthenticationError:
+        raise AuthenticationError("missing or invalid API key: set E2B_API_KEY to a sandlot "
+                                  "API key (`sandlot keys create`)") from None
 
 
 router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
@@ -151,7 +150,7 @@ def _answer(st: E2BState, rec: SandboxRecord, status: int) -> JSONResponse:
 async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
     c, st = core(request), e2b_state(request)
     _check_create(body)
-    src = await st.lifecycle.source(body.template_id)
+    src = await st.lifecycle.source(body.template_id, who(request))
     req = CreateSandbox(template=src.template, snapshot_id=src.snapshot_id,
                         env=body.env_vars or {}, metadata=body.metadata or {},
                         timeout=body.timeout, internet=body.allow_internet_access is not False,
@@ -162,7 +161,7 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
     placed = await elsewhere(request, req)
     if placed is not None:
         return placed
-    rec = await c.sandboxes.create(req, owner=owner(request))
+    rec = await c.sandboxes.create(req, who=who(request))
     return _answer(st, rec, 201)
 
 
@@ -197,7 +196,7 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
     started_after = q.get("startedAfter")
     wanted = _metadata_query(metadata)
     states = {s for part in (state or "").split(",") if (s := part.strip())}
-    items = await st.lifecycle.listed()
+    items = await st.lifecycle.listed(who(request))
     if wanted:
         items = [(r, s) for r, s in items if all(r.metadata.get(k) == v
                                                  for k, v in wanted.items())]
@@ -220,7 +219,7 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
 @router.get("/sandboxes/{sandbox_id}")
 async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     st = e2b_state(request)
-    rec, state = await st.lifecycle.state_of(sandbox_id)
+    rec, state = await st.lifecycle.state_of(sandbox_id, who(request))
     return JSONResponse(convert.detail(rec, state, st.lifecycle.disk_mb(rec),
                                        st.tokens.token(sandbox_id)))
 
@@ -230,30 +229,30 @@ async def sandbox_metrics(sandbox_id: str, request: Request, start: int | None =
                           end: int | None = None) -> JSONResponse:
     """E2B's metrics: the host's samples of the sandbox's CPU, memory and disk use."""
     c = core(request)
-    c.sandboxes.get_live(sandbox_id)
+    c.sandboxes.get_live(sandbox_id, who(request))
     return JSONResponse([convert.metric(m) for m in c.usage.history(sandbox_id, start, end)])
 
 
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
-    await e2b_state(request).lifecycle.kill(sandbox_id)
+    await e2b_state(request).lifecycle.kill(sandbox_id, who(request))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
 async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> Response:
-    await core(request).sandboxes.set_timeout(sandbox_id, body.timeout)
+    await core(request).sandboxes.set_timeout(sandbox_id, body.timeout, who=who(request))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/refreshes")
 async def refresh(sandbox_id: str, request: Request, body: RefreshBody | None = None
                   ) -> Response:
-    c = core(request)
-    rec = c.sandboxes.get_live(sandbox_id).record
+    c, caller = core(request), who(request)
+    rec = c.sandboxes.get_live(sandbox_id, caller).record
     duration = (body.duration if body else None) or 60
     if rec.expires_at is not None and now() + timedelta(seconds=duration) > rec.expires_at:
-        await c.sandboxes.set_timeout(sandbox_id, duration)
+        await c.sandboxes.set_timeout(sandbox_id, duration, who=caller)
     return Response(status_code=204)
 
 
@@ -265,18 +264,18 @@ async def connect_sandbox(sandbox_id: str, request: Request, body: ConnectBody |
     st = e2b_state(request)
     # memory false (on_resume="reboot"): a paused sandbox boots from its disk
     rec, resumed = await st.lifecycle.connect(sandbox_id, body.timeout,
-                                              reboot=body.memory is False)
+                                              reboot=body.memory is False, who=who(request))
     return _answer(st, rec, 201 if resumed else 200)
 
 
 @router.post("/sandboxes/{sandbox_id}/resume")
 async def resume_sandbox(sandbox_id: str, request: Request, body: ConnectBody | None = None
                          ) -> JSONResponse:
-    st = e2b_state(request)
-    if sandbox_id in core(request).sandboxes.live:
+    st, caller = e2b_state(request), who(request)
+    if core(request).sandboxes.is_running(sandbox_id, caller):
         raise ConflictError(f"sandbox {sandbox_id} is already running")
     rec, _ = await st.lifecycle.connect(sandbox_id, body.timeout if body else None,
-                                        reboot=bool(body and body.memory is False))
+                                        reboot=bool(body and body.memory is False), who=caller)
     return _answer(st, rec, 201)
 
 
@@ -285,22 +284,23 @@ async def pause_sandbox(sandbox_id: str, request: Request, body: PauseBody | Non
                         ) -> Response:
     # memory false (mode="filesystem"): the disk only; the resume boots from it
     await e2b_state(request).lifecycle.pause(sandbox_id,
-                                             memory=not (body and body.memory is False))
+                                             memory=not (body and body.memory is False),
+                                             who=who(request))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/fork")
 async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None = None
                        ) -> JSONResponse:
-    c, st = core(request), e2b_state(request)
+    c, st, caller = core(request), e2b_state(request), who(request)
     body = body or ForkBody()
-    results = (await c.sandboxes.fork(sandbox_id, body.count or 1)).children
+    results = (await c.sandboxes.fork(sandbox_id, body.count or 1, who=caller)).children
     out = []
     for r in results:
         if isinstance(r, SandboxRecord):
             try:
                 if body.timeout is not None:
-                    r = await c.sandboxes.set_timeout(r.sandbox_id, body.timeout)
+                    r = await c.sandboxes.set_timeout(r.sandbox_id, body.timeout, who=caller)
                 out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
                 continue
             except SandlotError as e:
@@ -315,7 +315,8 @@ async def update_network(sandbox_id: str, body: NetworkUpdate, request: Request)
         raise Unsupported("sandlot's egress rules are allow_out/deny_out lists only; "
                           "dns_servers, egress_proxy and rules are not supported")
     network = NetworkSpec(allow_out=body.allow_out or [], deny_out=body.deny_out or [])
-    await core(request).sandboxes.set_network(sandbox_id, body.allow_internet_access, network)
+    await core(request).sandboxes.set_network(sandbox_id, body.allow_internet_access, network,
+                                              who=who(request))
     return Response(status_code=204)
 
 
@@ -328,9 +329,10 @@ async def create_snapshot(sandbox_id: str, request: Request, body: SnapshotBody 
     c, st = core(request), e2b_state(request)
     body = body or SnapshotBody()
     snap = await c.sandboxes.snapshot(sandbox_id, convert.snapshot_name(body.name)
-                                      if body.name else None, memory=body.memory is not False)
+                                      if body.name else None, memory=body.memory is not False,
+                                      who=who(request))
     # The snapshot holds the state of this moment once captured; storing it goes on after.
-    await st.lifecycle.wait_captured(snap.snapshot_id)
+    await st.lifecycle.wait_captured(snap.snapshot_id, who(request))
     return JSONResponse(convert.snapshot_info(snap.snapshot_id, snap.name), 201)
 
 
@@ -340,7 +342,8 @@ async def list_snapshots(request: Request, name: str | None = None,
     c = core(request)
     q = request.query_params
     sandbox_id = q.get("sandboxID")
-    snaps = [s for s in await c.snapshots.list(sandbox_id) if s.state != SnapshotState.FAILED]
+    snaps = [s for s in await c.snapshots.list(sandbox_id, who=who(request))
+             if s.state != SnapshotState.FAILED]
     if name:
         snaps = [s for s in snaps if convert.name_matches(name, s.name, s.snapshot_id)]
     snaps.sort(key=lambda s: s.created_at)
@@ -351,16 +354,16 @@ async def list_snapshots(request: Request, name: str | None = None,
 
 @router.delete("/templates/{template_id:path}")
 async def delete_template(template_id: str, request: Request) -> Response:
-    c = core(request)
+    c, caller = core(request), who(request)
     try:
-        snap = await c.snapshots.get(template_id)
+        snap = await c.snapshots.get(template_id, caller)
     except NotFoundError:
-        if any(t.name == template_id for t in c.templates.list()):
+        if any(t.name == template_id for t in c.templates.list(caller)):
             raise Unsupported(f"{template_id!r} is a sandlot template; remove templates on the "
                               "server host with `sandlot template rm`") from None
         raise
-    await c.snapshots.wait(snap.snapshot_id, 600)
-    await c.snapshots.delete(snap.snapshot_id)
+    await c.snapshots.wait(snap.snapshot_id, 600, who=caller)
+    await c.snapshots.delete(snap.snapshot_id, who=caller)
     return Response(status_code=204)
 
 

@@ -51,16 +51,18 @@ async def envd_call(request: Request) -> Envd:
     if token:
         if not st.tokens.check(sandbox_id, token):
             raise AuthenticationError("invalid X-Access-Token for this sandbox")
+        who = c.sandboxes.holder_of(sandbox_id)
     else:
         key = request.headers.get("x-api-key")
-        if not key or not await c.key_valid(key):
+        if not key:
             raise AuthenticationError("missing X-Access-Token (or a sandlot key in X-API-Key)")
+        who = await c.authenticate(key)
     port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
     if port != ENVD_PORT:
         raise Unsupported(f"this endpoint serves envd (port {ENVD_PORT}) only; reach other "
                           "sandbox ports with sandlot's port forwarding")
     keepalive = request.headers.get("keepalive-ping-interval", "")
-    ctx = Envd(core=c, state=st, sandbox_id=sandbox_id, user=user_of(request.headers),
+    ctx = Envd(core=c, state=st, who=who, sandbox_id=sandbox_id, user=user_of(request.headers),
                timeout=connect.timeout_s(request),
                keepalive=float(keepalive) if keepalive.isdigit() and int(keepalive) else None)
     ctx.check_running()
@@ -113,7 +115,8 @@ def signed_call(request: Request, operation: str) -> Envd:
         if signs(st.tokens, sandbox_id, q, operation):
             if expires is not None and int(expires) < time.time():
                 raise AuthenticationError("signature is already expired")
-            return Envd(core=c, state=st, sandbox_id=sandbox_id,
+            return Envd(core=c, state=st, who=c.sandboxes.holder_of(sandbox_id),
+                        sandbox_id=sandbox_id,
                         user=check_user(user) if user else DEFAULT_USER)
     raise AuthenticationError("invalid signature")
 

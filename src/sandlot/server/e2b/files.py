@@ -35,7 +35,8 @@ async def download(ctx: Envd, request: Request) -> Response:
     if not path:
         raise InvalidArgumentError("the path query parameter is required")
     path = resolve(path, _user(ctx, request))
-    _size, chunks = await ctx.core.files.read(ctx.sandbox_id, path)  # to its end: chunked
+    # to its end: chunked
+    _size, chunks = await ctx.core.files.read(ctx.sandbox_id, path, who=ctx.who)
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
@@ -80,13 +81,14 @@ async def upload(ctx: Envd, request: Request) -> Response:
                 raise InvalidArgumentError("a file part needs a file name or the path parameter")
             target = resolve(target, user)
             entry = await ctx.core.files.write(ctx.sandbox_id, target, reader.body(), user,
-                                               metadata)
+                                               metadata, who=ctx.who)
             written.append(write_info(target, entry))
     else:
         if not path_param:
             raise InvalidArgumentError("the path query parameter is required")
         target = resolve(path_param, user)
-        entry = await ctx.core.files.write(ctx.sandbox_id, target, chunks, user, metadata)
+        entry = await ctx.core.files.write(ctx.sandbox_id, target, chunks, user, metadata,
+                                           who=ctx.who)
         written.append(write_info(target, entry))
     if not written:
         raise InvalidArgumentError("the upload holds no file")

@@ -32,20 +32,20 @@ def _path(ctx: Envd, msg: dict) -> str:
 
 
 async def stat(ctx: Envd, msg: dict) -> dict:
-    return {"entry": entry_info(await ctx.files.stat(ctx.sandbox_id, _path(ctx, msg)))}
+    return {"entry": entry_info(await ctx.files.stat(ctx.sandbox_id, _path(ctx, msg), who=ctx.who))}
 
 
 async def list_dir(ctx: Envd, msg: dict) -> dict:
     depth = int(field(msg, "depth") or 1)
     if depth < 1:
         raise InvalidArgumentError("depth must be at least 1")
-    entries = await ctx.files.list(ctx.sandbox_id, _path(ctx, msg), depth)
+    entries = await ctx.files.list(ctx.sandbox_id, _path(ctx, msg), depth, who=ctx.who)
     return {"entries": [entry_info(e) for e in entries]}
 
 
 async def make_dir(ctx: Envd, msg: dict) -> dict:
     path = _path(ctx, msg)
-    made = await ctx.files.mkdir(ctx.sandbox_id, path, ctx.user)
+    made = await ctx.files.mkdir(ctx.sandbox_id, path, ctx.user, who=ctx.who)
     if not made.created:
         raise ConflictError(f"directory {path} already exists")
     return {"entry": entry_info(made)}
@@ -54,12 +54,12 @@ async def make_dir(ctx: Envd, msg: dict) -> dict:
 async def move(ctx: Envd, msg: dict) -> dict:
     src = resolve(field(msg, "source"), ctx.user)
     dst = resolve(field(msg, "destination"), ctx.user)
-    await ctx.files.mkdir(ctx.sandbox_id, posixpath.dirname(dst) or "/", ctx.user)
-    return {"entry": entry_info(await ctx.files.rename(ctx.sandbox_id, src, dst))}
+    await ctx.files.mkdir(ctx.sandbox_id, posixpath.dirname(dst) or "/", ctx.user, who=ctx.who)
+    return {"entry": entry_info(await ctx.files.rename(ctx.sandbox_id, src, dst, who=ctx.who))}
 
 
 async def remove(ctx: Envd, msg: dict) -> dict:
-    await ctx.files.remove(ctx.sandbox_id, _path(ctx, msg))
+    await ctx.files.remove(ctx.sandbox_id, _path(ctx, msg), who=ctx.who)
     return {}
 
 
@@ -77,7 +77,7 @@ class Watcher:
         self.last: dict[str, FileInfo] = {}
 
     async def start(self) -> None:
-        entry = await self.ctx.files.stat(self.ctx.sandbox_id, self.path)
+        entry = await self.ctx.files.stat(self.ctx.sandbox_id, self.path, who=self.ctx.who)
         if entry.type != "dir":
             raise InvalidArgumentError(f"{self.path} is not a directory")
         self.last = await self._look()
@@ -85,7 +85,8 @@ class Watcher:
     async def _look(self) -> dict[str, FileInfo]:
         depth = RECURSIVE_DEPTH if self.recursive else 1
         try:
-            entries = await self.ctx.files.list(self.ctx.sandbox_id, self.path, depth)
+            entries = await self.ctx.files.list(self.ctx.sandbox_id, self.path, depth,
+                                                who=self.ctx.who)
         except NotFoundError:
             return {}  # the directory itself went away: everything in it was removed
         return {e.path: e for e in entries}

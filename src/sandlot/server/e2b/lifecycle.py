@@ -1,6 +1,6 @@
 """E2B's sandbox lifecycle on sandlot's core: E2B's running and paused are core's sandbox
 states, pause and resume are core's (`SandboxManager.pause/resume`: the state is kept in a
-snapshot, and the sandbox comes back under its id)."""
+snapshot, and the sandbox comes back under its id). Every call acts for a `Principal`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState, SnapshotState, now
 from sandlot.core.service import Core
+from sandlot.core.tenancy import Principal
 from sandlot.errors import ConflictError, InvalidStateError, NotFoundError, StorageError
 from sandlot.server.e2b.convert import snapshot_name
 
@@ -21,31 +22,31 @@ class Lifecycle:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    async def state_of(self, sandbox_id: str) -> tuple[SandboxRecord, str]:
+    async def state_of(self, sandbox_id: str, who: Principal) -> tuple[SandboxRecord, str]:
         """The sandbox and its E2B state, 'running' or 'paused'; NotFoundError otherwise."""
-        live = self.core.sandboxes.live.get(sandbox_id)
-        if live is not None:
-            return live.record, "running"
-        rec = await self.core.sandboxes.get(sandbox_id)
+        rec = await self.core.sandboxes.get(sandbox_id, who)
+        if self.core.sandboxes.is_running(sandbox_id, who):
+            return rec, "running"
         if rec.state == SandboxState.PAUSED:
             return rec, "paused"
         raise NotFoundError(f"sandbox {sandbox_id} not found")
 
-    async def listed(self) -> list[tuple[SandboxRecord, str]]:
+    async def listed(self, who: Principal) -> list[tuple[SandboxRecord, str]]:
         return [(r, "paused" if r.state == SandboxState.PAUSED else "running")
-                for r in await self.core.sandboxes.list()]
+                for r in await self.core.sandboxes.list(who=who)]
 
-    async def wait_captured(self, snapshot_id: str):
+    async def wait_captured(self, snapshot_id: str, who: Principal):
         """Wait until the snapshot holds the sandbox's state (capture done; upload may go on)."""
-        rec = await self.core.snapshots.wait(snapshot_id, CAPTURE_WAIT, captured_only=True)
+        rec = await self.core.snapshots.wait(snapshot_id, CAPTURE_WAIT, captured_only=True,
+                                             who=who)
         if rec.state == SnapshotState.FAILED:
             raise StorageError(f"snapshot {snapshot_id} failed: {rec.error}")
         if rec.state == SnapshotState.CREATING:
             raise StorageError(f"snapshot {snapshot_id} is still being captured")
         return rec
 
-    async def wait_ready(self, id_or_name: str):
-        rec = await self.core.snapshots.wait(id_or_name, READY_WAIT)
+    async def wait_ready(self, id_or_name: str, who: Principal):
+        rec = await self.core.snapshots.wait(id_or_name, READY_WAIT, who=who)
         if rec.state == SnapshotState.FAILED:
             raise StorageError(f"snapshot {rec.snapshot_id} failed: {rec.error}")
         if rec.state == SnapshotState.DELETED:
@@ -55,47 +56,47 @@ class Lifecycle:
                                     current=rec.state.value, allowed=("ready",))
         return rec
 
-    async def pause(self, sandbox_id: str, memory: bool = True) -> None:
-        if sandbox_id not in self.core.sandboxes.live:
-            await self.state_of(sandbox_id)  # NotFoundError unless it is paused
+    async def pause(self, sandbox_id: str, memory: bool = True, *, who: Principal) -> None:
+        if not self.core.sandboxes.is_running(sandbox_id, who):
+            await self.state_of(sandbox_id, who)  # NotFoundError unless it is paused
             raise ConflictError(f"sandbox {sandbox_id} is already paused")
-        await self.core.sandboxes.pause(sandbox_id, memory=memory)
+        await self.core.sandboxes.pause(sandbox_id, memory=memory, who=who)
 
-    async def connect(self, sandbox_id: str, timeout: int | None, reboot: bool = False
-                      ) -> tuple[SandboxRecord, bool]:
+    async def connect(self, sandbox_id: str, timeout: int | None, reboot: bool = False, *,
+                      who: Principal) -> tuple[SandboxRecord, bool]:
         """E2B connect: a running sandbox (its timeout only ever extended), or a paused one
         resumed (`reboot`: booted from its disk). Returns (record, resumed)."""
-        live = self.core.sandboxes.live.get(sandbox_id)
-        if live is not None:
-            rec = live.record
+        if self.core.sandboxes.is_running(sandbox_id, who):
+            rec = await self.core.sandboxes.get(sandbox_id, who)
             if timeout and rec.expires_at is not None and (
                     now() + timedelta(seconds=timeout) > rec.expires_at):
-                rec = await self.core.sandboxes.set_timeout(sandbox_id, timeout)
+                rec = await self.core.sandboxes.set_timeout(sandbox_id, timeout, who=who)
             return rec, False
-        rec, _ = await self.state_of(sandbox_id)
-        return await self.core.sandboxes.resume(sandbox_id, timeout, reboot=reboot), True
+        await self.state_of(sandbox_id, who)
+        return await self.core.sandboxes.resume(sandbox_id, timeout, reboot=reboot,
+                                                who=who), True
 
-    async def kill(self, sandbox_id: str) -> None:
-        await self.state_of(sandbox_id)
-        await self.core.sandboxes.kill(sandbox_id)
+    async def kill(self, sandbox_id: str, who: Principal) -> None:
+        await self.state_of(sandbox_id, who)
+        await self.core.sandboxes.kill(sandbox_id, who=who)
 
-    async def source(self, template_id: str) -> CreateSandbox:
-        """What an E2B template id names here: a sandlot template, or a snapshot (by id or name;
-        E2B creates sandboxes from snapshots by passing the snapshot id as the template)."""
+    async def source(self, template_id: str, who: Principal) -> CreateSandbox:
+        """What an E2B template id names here for `who`: a sandlot template, or a snapshot of
+        its tenant's (by id or name; E2B creates sandboxes from snapshots by passing the
+        snapshot id as the template)."""
         if not template_id.startswith("snap-"):
             try:
-                await self.core.templates.info(template_id)
+                await self.core.templates.info(template_id, who)
                 return CreateSandbox(template=template_id)
             except NotFoundError:
                 pass
         try:
             snap = await self.core.snapshots.get(
-                template_id if template_id.startswith("snap-") else snapshot_name(template_id))
+                template_id if template_id.startswith("snap-") else snapshot_name(template_id),
+                who)
         except NotFoundError:
-            names = ", ".join(t.name for t in self.core.templates.list()) or "none"
-            raise NotFoundError(f"template or snapshot {template_id!r} not found; this sandlot "
-                                f"server has the templates: {names}") from None
-        snap = await self.wait_ready(snap.snapshot_id)
+            raise NotFoundError(f"template or snapshot {template_id!r} not found") from None
+        snap = await self.wait_ready(snap.snapshot_id, who)
         return CreateSandbox(snapshot_id=snap.snapshot_id)
 
     def disk_mb(self, rec: SandboxRecord) -> int:

@@ -100,7 +100,7 @@ def _end(code: int) -> dict:
 
 async def _follow(ctx: Envd, pid: int, pty: bool = False) -> AsyncIterator[dict]:
     """A process's events as envd's; a terminal's output is `pty` data."""
-    pump = EventPump(ctx.core.commands.attach(ctx.sandbox_id, pid))
+    pump = EventPump(ctx.core.commands.attach(ctx.sandbox_id, pid, who=ctx.who))
     try:
         while True:
             try:
@@ -165,7 +165,7 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
                       # An empty stdin closes it at once; None keeps it open for SendInput
                       # (a terminal's input is always open).
                       stdin=None if field(msg, "stdin") or size else "")
-    pid = await ctx.core.commands.start(ctx.sandbox_id, req)
+    pid = await ctx.core.commands.start(ctx.sandbox_id, req, who=ctx.who)
     ctx.state.remember(ctx.sandbox_id, pid, ProcessConfig(cmd, args, envs, cwd, tag))
     yield _event("start", {"pid": pid})
     async for m in _follow(ctx, pid, pty=size is not None):
@@ -174,7 +174,7 @@ async def start(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
 
 async def connect(ctx: Envd, msg: dict) -> AsyncIterator[dict]:
     pid = _pid(ctx, msg)
-    known = {p.pid: p for p in await ctx.core.commands.list(ctx.sandbox_id, all=True)}
+    known = {p.pid: p for p in await ctx.core.commands.list(ctx.sandbox_id, all=True, who=ctx.who)}
     if pid not in known:
         raise NotFoundError(f"process with pid {pid} not found")
     yield _event("start", {"pid": pid})
@@ -199,7 +199,7 @@ def _config(ctx: Envd, p: ProcessInfo) -> tuple[dict, str | None]:
 
 
 async def list_(ctx: Envd, msg: dict) -> dict:
-    procs = await ctx.core.commands.list(ctx.sandbox_id)
+    procs = await ctx.core.commands.list(ctx.sandbox_id, who=ctx.who)
     ctx.state.forget_except(ctx.sandbox_id, {p.pid for p in procs})
     out = []
     for p in procs:
@@ -213,12 +213,12 @@ async def list_(ctx: Envd, msg: dict) -> dict:
 
 async def send_input(ctx: Envd, msg: dict) -> dict:
     await ctx.core.commands.send_stdin(ctx.sandbox_id, _pid(ctx, msg),
-                                       _stdin_bytes(field(msg, "input")))
+                                       _stdin_bytes(field(msg, "input")), who=ctx.who)
     return {}
 
 
 async def close_stdin(ctx: Envd, msg: dict) -> dict:
-    await ctx.core.commands.send_stdin(ctx.sandbox_id, _pid(ctx, msg), b"", eof=True)
+    await ctx.core.commands.send_stdin(ctx.sandbox_id, _pid(ctx, msg), b"", eof=True, who=ctx.who)
     return {}
 
 
@@ -229,9 +229,9 @@ async def send_signal(ctx: Envd, msg: dict) -> dict:
     pid = _pid(ctx, msg)
     # Ask ps first: the agent's own "killed" flag can read False when the process dies
     # between the signal and the reply.
-    if pid not in {p.pid for p in await ctx.core.commands.list(ctx.sandbox_id)}:
+    if pid not in {p.pid for p in await ctx.core.commands.list(ctx.sandbox_id, who=ctx.who)}:
         raise NotFoundError(f"process with pid {pid} not found (it is not running)")
-    await ctx.core.commands.kill(ctx.sandbox_id, pid, int(sig))
+    await ctx.core.commands.kill(ctx.sandbox_id, pid, int(sig), who=ctx.who)
     return {}
 
 
@@ -245,7 +245,7 @@ async def stream_input(ctx: Envd, messages: AsyncIterator[dict]) -> dict:
                 raise InvalidArgumentError("StreamInput must open with a start event")
             data = _stdin_bytes(field(m["data"] or {}, "input"))
             if data:
-                await ctx.core.commands.send_stdin(ctx.sandbox_id, pid, data)
+                await ctx.core.commands.send_stdin(ctx.sandbox_id, pid, data, who=ctx.who)
     return {}
 
 
@@ -253,7 +253,7 @@ async def update(ctx: Envd, msg: dict) -> dict:
     size = _size(msg)
     if size is None:
         raise InvalidArgumentError("Update needs pty.size")
-    await ctx.core.commands.resize(ctx.sandbox_id, _pid(ctx, msg), size)
+    await ctx.core.commands.resize(ctx.sandbox_id, _pid(ctx, msg), size, who=ctx.who)
     return {}
 
 

@@ -15,6 +15,7 @@ from fastapi import Request
 
 from sandlot.core.files import Files
 from sandlot.core.service import Core
+from sandlot.core.tenancy import Principal
 from sandlot.server.deps import core
 from sandlot.server.e2b.errors import SandboxNotRunning
 from sandlot.server.e2b.lifecycle import Lifecycle
@@ -84,18 +85,19 @@ class E2BState:
 
 @dataclass
 class Envd:
-    """One envd call: the sandbox it is for, the user it runs as, its deadline and keepalive
-    interval (seconds)."""
+    """One envd call: who it acts for, the sandbox it is for, the user it runs as, its
+    deadline and keepalive interval (seconds)."""
 
     core: Core
     state: E2BState
+    who: Principal
     sandbox_id: str
     user: str
     timeout: float | None = None
     keepalive: float | None = None
 
     def check_running(self) -> None:
-        if self.sandbox_id not in self.core.sandboxes.live:
+        if not self.core.sandboxes.is_running(self.sandbox_id, self.who):
             raise SandboxNotRunning(self.sandbox_id)
 
     @property
