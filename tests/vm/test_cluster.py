@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -171,6 +173,52 @@ def test_a_full_hosts_fork_children_start_elsewhere(cluster) -> None:
     assert parent.commands.run("cat /root/state.txt").stdout == "parent's"  # untouched
     # the snapshot the children came from is not listed, and is gone
     assert [s for s in client(a).snapshots.list() if s.sandbox_id == parent.sandbox_id] == []
+    for box in (*kids, parent, neighbour):
+        box.kill()
+
+
+def tenant_key(srv, tenant: str) -> str:
+    """A new key of `tenant` in the deployment's database (`sandlot keys create`)."""
+    env = {**os.environ, "SANDLOT_DATABASE_URL": srv.extra_env["SANDLOT_DATABASE_URL"]}
+    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
+                          tenant, "--data-dir", str(srv.data_dir)], env=env,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_tenants_keep_to_their_own_on_every_host(cluster) -> None:
+    """A tenant's sandbox on one host, its fork children spread to others: another tenant
+    finds none of them through any host; the tenant and the admin find all."""
+    a = cluster["a"]
+    keys = {t: tenant_key(a, t) for t in ("ta", "tb")}
+
+    def as_(tenant: str, srv) -> dict:
+        return {"api_url": srv.url, "api_key": keys[tenant]}
+
+    for h in ("host-b", "host-c"):  # the parent and its neighbour land on a (then full)
+        client(a).hosts.drain(h)
+    try:
+        parent = Sandbox.create(timeout=600, **as_("ta", a))
+        neighbour = Sandbox.create(timeout=600, **as_("ta", a))
+    finally:
+        for h in ("host-b", "host-c"):
+            client(a).hosts.activate(h)
+    parent.files.write("/root/t.txt", "ta's")
+    kids = parent.fork(2)
+    assert len(kids) == 2 and all(k.info.host in ("host-b", "host-c") for k in kids)
+    mine = {parent.sandbox_id, neighbour.sandbox_id} | {k.sandbox_id for k in kids}
+    for name, srv in cluster.items():
+        assert {s.sandbox_id for s in Sandlot(**as_("tb", srv)).sandboxes.list()} & mine == set()
+        assert {s.sandbox_id for s in Sandlot(**as_("ta", srv)).sandboxes.list()} >= mine
+        assert {s.sandbox_id for s in client(srv).sandboxes.list()} >= mine  # the admin
+        for sid in mine:  # forwarded to the host that runs it, and refused there
+            r = httpx.get(f"{srv.url}/v1/sandboxes/{sid}/files", params={"path": "/root/t.txt"},
+                          headers={"authorization": f"Bearer {keys['tb']}"})
+            assert r.status_code == 404, (name, sid, r.text)
+    assert {k.files.read("/root/t.txt") for k in kids} == {"ta's"}
+    r = httpx.post(f"{cluster['b'].url}/v1/sandboxes/{parent.sandbox_id}/fork",
+                   json={"count": 1}, headers={"authorization": f"Bearer {keys['tb']}"})
+    assert r.status_code == 404
     for box in (*kids, parent, neighbour):
         box.kill()
 
