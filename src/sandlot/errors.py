@@ -25,6 +25,9 @@ The server maps errors to HTTP by `status` in one handler and sends
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 
 class SandlotError(Exception):
     """Root of every error sandlot raises."""
@@ -142,3 +145,41 @@ ERRORS: dict[str, type[SandlotError]] = {
         ImageNotFoundError,
     )
 }
+
+
+_STATUS_FALLBACK: dict[int, type[SandlotError]] = {
+    400: InvalidArgumentError, 401: AuthenticationError, 403: AuthenticationError,
+    404: NotFoundError, 422: InvalidArgumentError, 502: SandboxError,
+}
+
+
+def error_from_payload(payload: Any, status: int | None = None) -> SandlotError:
+    """Build the error class named by an answer's ``{"type", "message"}``."""
+    if not isinstance(payload, dict):
+        payload = {}
+    name = payload.get("type")
+    message = str(payload.get("message") or name or "unknown error")
+    cls = ERRORS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        cls = _STATUS_FALLBACK.get(status or 0, SandlotError)
+    error = cls(message)
+    if status is not None:
+        error.status = status
+    return error
+
+
+def error_from_answer(status: int, content: bytes) -> SandlotError:
+    """The error an HTTP error answer of sandlot's API names (the SDK's, and a server's
+    answer from another host)."""
+    payload: Any = None
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        pass
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return error_from_payload(payload["error"], status)
+    text = content.decode("utf-8", "replace").strip()[:200]
+    error = _STATUS_FALLBACK.get(status, SandlotError)(
+        f"HTTP {status}" + (f": {text}" if text else ""))
+    error.status = status
+    return error

@@ -64,10 +64,12 @@ async def test_a_silent_host_is_lost_with_its_running_sandboxes_once(store) -> N
     await store.put_sandbox("sb-p", "paused", "h-b", doc("sb-p", "paused"))
     await store.put_snapshot("snap-b", None, "uploading", "h-b", {"snapshot_id": "snap-b",
                                                                    "state": "uploading"}, 1.0)
-    await asyncio.sleep(0.3)
+    # h-b is silent for 3 s; h-a heartbeats just before the check, which allows 2 s (a
+    # loaded host may take long between two calls, never that long)
+    await asyncio.sleep(3.0)
     await store.heartbeat("h-a", "http://h-a", "active", {"slots": 4})
-    lost = await asyncio.gather(store.mark_lost(0.2, LOST_REASON),
-                                store.mark_lost(0.2, LOST_REASON))
+    lost = await asyncio.gather(store.mark_lost(2.0, LOST_REASON),
+                                store.mark_lost(2.0, LOST_REASON))
     assert sorted(lost[0] + lost[1]) == ["h-b"]  # marked once, whoever noticed
     states = {h.host_id: h.state for h in await store.hosts()}
     assert states == {"h-a": "active", "h-b": "lost"}

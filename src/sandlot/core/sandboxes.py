@@ -120,6 +120,29 @@ class SandboxManager:
             raise NotFoundError(f"sandbox {sandbox_id!r} not found or not running")
         return live
 
+    def running_here(self) -> list[str]:
+        """The ids of the sandboxes this host runs."""
+        return list(self.live)
+
+    async def running_elsewhere(self) -> list[tuple[str, str]]:
+        """(sandbox id, host) of the running sandboxes of the deployment's other hosts."""
+        return [(d["sandbox_id"], d["host"]) for d in await self.db.sandboxes(("running",))
+                if d.get("host") and d.get("host") != self.host_id]
+
+    async def locate(self, sandbox_id: str) -> Location | None:
+        """Where a sandbox is, for routing a request about it to its host (whose answer,
+        not this one, checks who asks); None if there is no such sandbox. A sandbox not
+        running here is remembered for error messages."""
+        live = self.live.get(sandbox_id)
+        if live is not None:
+            return Location(self.host_id, live.record.state.value, live.record.owner)
+        doc = await self.db.get_sandbox(sandbox_id)
+        if doc is None:
+            return None
+        location = Location(doc.get("host"), str(doc.get("state")), doc.get("owner"))
+        self.seen(sandbox_id, location.state, location.owner)
+        return location
+
     def holder_of(self, sandbox_id: str) -> Principal:
         """Who a credential of one running sandbox (an envd access token, a URL signed with
         it) acts for: the sandbox's tenant (a sandbox not running here: nobody)."""
@@ -456,17 +479,19 @@ class SandboxManager:
         self.snapshots.start(live, rec)
         return rec
 
-    async def fork(self, sandbox_id: str, count: int, *, who: Principal) -> Forked:
-        """`count` children of the sandbox's current state, of `who`'s tenant; each succeeds
-        or fails alone."""
+    async def fork(self, sandbox_id: str, count: int, *, who: Principal,
+                   timeout: int | None = None) -> Forked:
+        """`count` children of the sandbox's current state, of `who`'s tenant (with the
+        parent's timeout, or `timeout`); each succeeds or fails alone."""
         live = self.get_live(sandbox_id, who)
         if not 1 <= count <= MAX_FORK:
             raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
         self.check_room(count)
         async with self._admitted(who.tenant, count):
-            return await self._fork(live, count, who.tenant)
+            return await self._fork(live, count, who.tenant, timeout)
 
-    async def _fork(self, live: LiveSandbox, count: int, owner: str) -> Forked:
+    async def _fork(self, live: LiveSandbox, count: int, owner: str,
+                    timeout: int | None) -> Forked:
         parent = live.record
         key = "fork-" + secrets.token_hex(5)
         async with live.lock:
@@ -476,7 +501,8 @@ class SandboxManager:
                             template=parent.template, workdir=parent.workdir,
                             user=parent.user)
             req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
-                                timeout=parent.timeout, metadata=parent.metadata,
+                                timeout=parent.timeout if timeout is None else timeout,
+                                metadata=parent.metadata,
                                 internet=parent.internet, network=parent.network,
                                 on_timeout=parent.on_timeout,
                                 pause_memory=parent.pause_memory,
@@ -656,6 +682,15 @@ class SandboxManager:
             with contextlib.suppress(SandlotError):
                 await self.snapshots.delete(rec.paused_snapshot, who=SYSTEM)
             rec.paused_snapshot = None
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a sandbox is: the host that runs it (or last ran it), its state, its tenant."""
+
+    host: str | None
+    state: str
+    owner: str | None
 
 
 @dataclass

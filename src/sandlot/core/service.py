@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
 
 from sandlot.config import Settings
 from sandlot.core.commands import Commands
@@ -20,6 +21,7 @@ from sandlot.core.files import Files
 from sandlot.core.hosts import Hosts
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
+from sandlot.core.placement import Peers, Placement
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore, image_of
@@ -32,10 +34,21 @@ log = logging.getLogger(__name__)
 KEY_CACHE_SECONDS = 5.0  # how long a key's check is remembered (a revoke takes this long)
 
 
+@dataclass(frozen=True)
+class Stats:
+    sandboxes: dict[SandboxState, int]
+    pool: dict
+    memory_free_mb: int
+    free_slots: int
+    snapshot_bytes: int
+    stored_bytes: int
+
+
 class Core:
     """Everything below the HTTP layer. `await start()` before use, `await stop()` after."""
 
-    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime, peers: Peers | None = None
+                 ) -> None:
         self.settings = settings
         self.runtime = runtime
         settings.ensure()
@@ -48,6 +61,7 @@ class Core:
         self.hosts = Hosts(settings, self.db, runtime, self.host_id,
                            running=lambda: len(self.sandboxes.live))
         self.hosts.on_back = self._remove_lost
+        self.placement = Placement(self.hosts, self.sandboxes, self.snapshots, peers)
         self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
                                   interval=settings.metrics_interval)
         self.commands = Commands(self.sandboxes.get_live, settings.limits,
@@ -95,6 +109,31 @@ class Core:
                                           self.host_id, to_doc(live.record))
         self.sandboxes.live.clear()
         await self.db.close()
+
+    def pool_stats(self) -> dict:
+        """The warm pool's state per template (ready, claimed, misses)."""
+        return self.runtime.pool_stats()
+
+    async def stats(self, states: tuple[SandboxState, ...]) -> Stats:
+        """What `/metrics` reports: sandboxes in each of `states` (starting and running ones
+        of this host, the others of the deployment), the warm pool, free memory and slots,
+        and the bytes of ready snapshots (as taken, and as stored)."""
+        mine = self.host_id if self.db.shared else None
+        counts = {}
+        for state in states:
+            here = state in (SandboxState.STARTING, SandboxState.RUNNING)
+            counts[state] = len(await self.db.sandboxes((state.value,),
+                                                        host=mine if here else None))
+        ready = await self.db.snapshots(("ready",))
+        return Stats(sandboxes=counts, pool=self.runtime.pool_stats(),
+                     memory_free_mb=self.runtime.room().memory_free_mb,
+                     free_slots=self.sandboxes.free_slots(),
+                     snapshot_bytes=sum(d.get("size_bytes") or 0 for d in ready),
+                     stored_bytes=sum(d.get("stored_bytes") or 0 for d in ready))
+
+    async def deployment_secret(self, name: str) -> str:
+        """A secret every host of the deployment shares ("" with one host: none needed)."""
+        return await self.db.secret(name) if self.db.shared else ""
 
     async def add_admin_key(self, key: str) -> None:
         """An operator's key (SANDLOT_API_KEY in the server's environment): sees everything."""

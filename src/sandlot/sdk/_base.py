@@ -17,12 +17,12 @@ from urllib.parse import quote
 import httpx
 
 from sandlot.errors import (
-    ERRORS,
     AuthenticationError,
     InvalidArgumentError,
-    NotFoundError,
     SandboxError,
     SandlotError,
+    error_from_answer,
+    error_from_payload,
 )
 
 from ._errors import CommandExitError, SnapshotFailedError, WaitTimeoutError
@@ -369,41 +369,9 @@ STREAM_TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT.write, connect=DEFAULT_TIMEOUT.co
 # -- errors ----------------------------------------------------------------------------------
 
 
-_STATUS_FALLBACK: dict[int, type[SandlotError]] = {
-    400: InvalidArgumentError, 401: AuthenticationError, 403: AuthenticationError,
-    404: NotFoundError, 422: InvalidArgumentError, 502: SandboxError,
-}
-
-
-def error_from_payload(payload: Any, status: int | None = None) -> SandlotError:
-    """Build the `sandlot.errors` class named by ``{"type", "message"}``."""
-    if not isinstance(payload, dict):
-        payload = {}
-    name = payload.get("type")
-    message = str(payload.get("message") or name or "unknown error")
-    cls = ERRORS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        cls = _STATUS_FALLBACK.get(status or 0, SandlotError)
-    error = cls(message)
-    if status is not None:
-        error.status = status
-    return error
-
-
 def error_from_response(status: int, content: bytes, has_key: bool = True) -> SandlotError:
     """Turn an HTTP error answer into the sandlot error it names."""
-    payload: Any = None
-    try:
-        payload = json.loads(content)
-    except ValueError:
-        pass
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        error = error_from_payload(payload["error"], status)
-    else:
-        text = content.decode("utf-8", "replace").strip()[:200]
-        cls = _STATUS_FALLBACK.get(status, SandlotError)
-        error = cls(f"HTTP {status}" + (f": {text}" if text else ""))
-        error.status = status
+    error = error_from_answer(status, content)
     if isinstance(error, AuthenticationError) and not has_key:
         error.message += " (no API key: pass api_key= or set SANDLOT_API_KEY)"
         error.args = (error.message,)

@@ -53,13 +53,14 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        core = Core(settings, runtime or default_runtime(settings))
+        peers = Peers(settings.stable_host_id())
+        core = Core(settings, runtime or default_runtime(settings), peers)
         await core.start(settings.advertise_url or "")
         preset = os.environ.get("SANDLOT_API_KEY")
         if preset:
             await core.add_admin_key(preset)
-        app.state.peers = Peers(core.host_id, await core.db.secret(PEER_SECRET)
-                                if core.db.shared else "")
+        peers.token = await core.deployment_secret(PEER_SECRET)
+        app.state.peers = peers
         await start_e2b_state(app.state, core)
         core.snapshots.on_ready = lambda rec: app.state.metrics.observe(
             "snapshot", (rec.ready_at - rec.created_at).total_seconds())
@@ -104,7 +105,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         """Liveness, the warm pool's state per template (ready, claimed, misses), and whether
         the start-up upload of this host's templates to a new store is over."""
         core = getattr(request.app.state, "core", None)
-        pool = core.runtime.pool_stats() if core is not None else {}
+        pool = core.pool_stats() if core is not None else {}
         stored = core.templates_stored if core is not None else False
         return {"status": "ok", "version": VERSION, "pool": pool, "templates_stored": stored}
 

@@ -7,6 +7,7 @@ from fastapi import Request
 
 from sandlot.core.tenancy import Principal
 from sandlot.errors import PermissionDeniedError
+from sandlot.server.forward import peer_principal
 
 
 def bearer_key(request: Request) -> str | None:
@@ -18,8 +19,10 @@ def bearer_key(request: Request) -> str | None:
 
 
 async def require_key(request: Request) -> None:
-    """Authenticate the request (AuthenticationError: 401) and keep who it acts for."""
-    request.state.principal = await request.app.state.core.authenticate(bearer_key(request))
+    """Authenticate the request (AuthenticationError: 401) and keep who it acts for: its
+    key's tenant, or, on a call of another host of the deployment, the tenant it names."""
+    request.state.principal = (peer_principal(request.scope) or
+                               await request.app.state.core.authenticate(bearer_key(request)))
 
 
 def who(request: Request) -> Principal:

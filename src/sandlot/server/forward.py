@@ -7,6 +7,9 @@ NDJSON/Connect streams included, unbuffered. A forwarded request carries
 ``X-Sandlot-Forwarded`` and is always served where it arrives, so nothing loops. `forward`
 does the same for a request a route decided to place on another host (creates, restores).
 Authentication is the owner's: keys live in the shared database.
+
+`Peers` is also what core's placement (core/placement.py) asks the other hosts through: a
+create or resume there, acting for the caller's tenant (the peer token vouches for it).
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import re
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandlot.core.hosts import HostInfo
+from sandlot.core.models import CreateSandbox, SandboxRecord
+from sandlot.core.tenancy import Principal
+from sandlot.errors import CapacityError, HostUnavailableError, error_from_answer
 from sandlot.server.errors import error_body
 
 log = logging.getLogger(__name__)
 FORWARDED = "x-sandlot-forwarded"  # its value: the deployment's peer token (PEER_SECRET)
 PEER_SECRET = "peer-token"  # the name of that token in the deployment's database
+PRINCIPAL = "x-sandlot-principal"  # on a peer's call: the tenant it acts for ("; admin")
+FORKED_FROM = "x-sandlot-forked-from"  # on a fork child's create sent to another host
 # request and response headers that belong to one connection, not to the message
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
               b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
@@ -57,6 +66,37 @@ class Peers:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    # ---- core's placement (core/placement.Peers) ------------------------------------------
+
+    def _headers(self, who: Principal) -> dict[str, str]:
+        return {FORWARDED: self.token, PRINCIPAL: who.tenant + ("; admin" if who.admin else "")}
+
+    async def _call(self, host: HostInfo, path: str, body: str, who: Principal,
+                    extra: dict[str, str] | None = None) -> SandboxRecord:
+        headers = {"content-type": "application/json", **self._headers(who), **(extra or {})}
+        try:
+            r = await self.client.post(host.url.rstrip("/") + path, content=body,
+                                       headers=headers)
+        except httpx.HTTPError as e:
+            raise HostUnavailableError(f"host {host.id} did not answer: {e}") from None
+        if r.status_code in (200, 201):
+            return SandboxRecord.model_validate_json(r.content)
+        error = error_from_answer(r.status_code, r.content)
+        if isinstance(error, HostUnavailableError):  # tried the next host, as no room
+            raise CapacityError(error.message)
+        raise error
+
+    async def create(self, host: HostInfo, req: CreateSandbox, who: Principal,
+                     forked_from: str | None = None) -> SandboxRecord:
+        return await self._call(host, "/v1/sandboxes", req.model_dump_json(exclude_none=True),
+                                who, {FORKED_FROM: forked_from} if forked_from else None)
+
+    async def resume(self, host: HostInfo, sandbox_id: str, timeout: int | None,
+                     reboot: bool, who: Principal) -> SandboxRecord:
+        body = json.dumps({"timeout": timeout, "reboot": reboot} if timeout is not None
+                          else {"reboot": reboot})
+        return await self._call(host, f"/v1/sandboxes/{sandbox_id}/resume", body, who)
 
     async def relay(self, scope: Scope, receive: Receive, send: Send, base_url: str,
                     body: bytes | None = None, fallback=None) -> None:
@@ -141,17 +181,12 @@ class ForwardToOwner:
             if url is not None:
                 await scope["app"].state.peers.relay(scope, receive, send, url)
                 return
-        if sandbox_id is None or sandbox_id in core.sandboxes.live:
-            await self.app(scope, receive, send)
-            return
-        doc = await core.db.get_sandbox(sandbox_id)
+        where = await core.sandboxes.locate(sandbox_id) if sandbox_id else None
         # a paused sandbox runs nowhere: any host answers for it, and resumes it where
         # placement says
-        host = doc.get("host") if doc and doc.get("state") != "paused" else None
+        host = where.host if where and where.state != "paused" else None
         url = await core.hosts.url_of(host) if host else None
         if url is None:  # here, unknown, or its host is gone: answered here
-            if doc is not None:
-                core.sandboxes.seen(sandbox_id, str(doc.get("state")), doc.get("owner"))
             await self.app(scope, receive, send)
             return
         async def here() -> None:
@@ -181,6 +216,27 @@ async def _signed_owner(scope: Scope, core) -> str | None:
     query = dict(parse_qsl((scope.get("query_string") or b"").decode("latin-1")))
     query["_method"] = scope["method"]
     return await signed_owner(core, st, query)
+
+
+def peer_principal(scope: Scope) -> Principal | None:
+    """Who a peer's call acts for (None: not a peer's call, or it names nobody)."""
+    if not forwarded(scope):
+        return None
+    for k, v in scope.get("headers") or ():
+        if k == PRINCIPAL.encode():
+            tenant, _, flag = v.decode("latin-1").partition(";")
+            return Principal(tenant.strip(), admin=flag.strip() == "admin")
+    return None
+
+
+def forwarded_from(scope: Scope) -> str | None:
+    """The parent of a fork child another host asked this one to start."""
+    if not forwarded(scope):
+        return None
+    for k, v in scope.get("headers") or ():
+        if k == FORKED_FROM.encode():
+            return v.decode("latin-1")
+    return None
 
 
 def forwarded(scope: Scope) -> bool:

@@ -67,19 +67,16 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/metrics")
 async def prometheus(request: Request) -> Response:
-    c, m = core(request), metrics_of(request)
-    mine = c.host_id if c.db.shared else None
-    for state in COUNTED_STATES:
-        here = state in (SandboxState.STARTING, SandboxState.RUNNING)
-        docs = await c.db.sandboxes((state.value,), host=mine if here else None)
-        m.sandboxes.labels(state.value).set(len(docs))
-    for template, stats in c.runtime.pool_stats().items():
+    m = metrics_of(request)
+    stats = await core(request).stats(COUNTED_STATES)
+    for state, count in stats.sandboxes.items():
+        m.sandboxes.labels(state.value).set(count)
+    for template, pool in stats.pool.items():
         for kind in ("ready", "claimed", "misses"):
-            if isinstance(stats.get(kind), int):
-                m.pool.labels(template, kind).set(stats[kind])
-    m.memory_free.set(c.runtime.room().memory_free_mb << 20)
-    m.slots_free.set(c.sandboxes.free_slots())
-    ready = await c.db.snapshots(("ready",))
-    m.store_bytes.labels("logical").set(sum(d.get("size_bytes") or 0 for d in ready))
-    m.store_bytes.labels("stored").set(sum(d.get("stored_bytes") or 0 for d in ready))
+            if isinstance(pool.get(kind), int):
+                m.pool.labels(template, kind).set(pool[kind])
+    m.memory_free.set(stats.memory_free_mb << 20)
+    m.slots_free.set(stats.free_slots)
+    m.store_bytes.labels("logical").set(stats.snapshot_bytes)
+    m.store_bytes.labels("stored").set(stats.stored_bytes)
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

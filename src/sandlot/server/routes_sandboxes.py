@@ -7,7 +7,6 @@ import json
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from sandlot.core.hosts import Need
 from sandlot.core.models import (
     CreateSandbox,
     NetworkSpec,
@@ -19,14 +18,8 @@ from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.auth import who
 from sandlot.server.deps import core
+from sandlot.server.forward import forwarded, forwarded_from
 from sandlot.server.metrics import timed
-from sandlot.server.placement import (
-    children_here,
-    elsewhere,
-    fork_spread,
-    forked_from,
-    placing,
-)
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -73,11 +66,12 @@ class ForkResult(BaseModel):
 
 
 @router.post("", status_code=201, response_model=SandboxRecord)
-async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord | Response:
+async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxRecord:
     """A new sandbox from a template or a snapshot, on the host placement picks."""
     with timed(request, "restore" if body.snapshot_id else "create"):
-        return await elsewhere(request, body) or await core(request).sandboxes.create(
-            body, forked_from=forked_from(request), who=who(request))
+        return await core(request).placement.create(
+            body, who(request), placed=forwarded(request.scope),
+            forked_from=forwarded_from(request.scope))
 
 
 @router.get("", response_model=SandboxList)
@@ -120,20 +114,13 @@ async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> S
 async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> ForkResult:
     """`count` copy-on-write children of the sandbox's current state; in a deployment, those
     that do not fit on its host start on others."""
-    c = core(request)
-    here = children_here(request, body.count)
-    results: list = []
-    pause_ms = 0.0
     with timed(request, "fork"):
-        if here:
-            forked = await c.sandboxes.fork(sandbox_id, here, who=who(request))
-            results, pause_ms = list(forked.children), forked.pause_ms
-        if body.count > here:
-            results += await fork_spread(request, sandbox_id, body.count - here)
+        forked = await core(request).placement.fork(sandbox_id, body.count, who(request))
+    results = forked.children
     ok = [r for r in results if isinstance(r, SandboxRecord)]
     errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
-    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(pause_ms, 2))
+    return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(forked.pause_ms, 2))
 
 
 @router.post("/{sandbox_id}/rollback", response_model=SandboxRecord)
@@ -166,17 +153,10 @@ async def resume_sandbox(sandbox_id: str, request: Request,
                          body: ResumeBody | None = None) -> SandboxRecord:
     """Bring a paused sandbox back exactly where it was (a new timeout if given), or booted
     from its disk (paused without memory, or `reboot`)."""
-    c = core(request)
-    with timed(request, "resume"):
-        if placing(request):  # a paused sandbox resumes on whichever host placement picks
-            rec = await c.sandboxes.get(sandbox_id, who(request))
-            if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
-                need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot)
-                placed = await elsewhere(request, need=need)
-                if placed is not None:
-                    return placed
-        return await c.sandboxes.resume(sandbox_id, body.timeout if body else None,
-                                        reboot=bool(body and body.reboot), who=who(request))
+    with timed(request, "resume"):  # on whichever host placement picks
+        return await core(request).placement.resume(
+            sandbox_id, body.timeout if body else None, bool(body and body.reboot),
+            who=who(request), placed=forwarded(request.scope))
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotRecord)

@@ -14,8 +14,8 @@ from sandlot.core.models import (
 )
 from sandlot.server.auth import who
 from sandlot.server.deps import core
+from sandlot.server.forward import forwarded
 from sandlot.server.metrics import timed
-from sandlot.server.placement import elsewhere
 
 router = APIRouter(tags=["snapshots"])
 
@@ -67,7 +67,7 @@ async def delete_snapshot(id_or_name: str, request: Request) -> Response:
 
 @router.post("/v1/snapshots/{id_or_name}/restore", status_code=201, response_model=SandboxRecord)
 async def restore_snapshot(id_or_name: str, request: Request,
-                           body: RestoreBody | None = None) -> SandboxRecord | Response:
+                           body: RestoreBody | None = None) -> SandboxRecord:
     body = body or RestoreBody()
     metadata = dict(body.metadata or {})
     if body.name:
@@ -75,8 +75,8 @@ async def restore_snapshot(id_or_name: str, request: Request,
     req = CreateSandbox(snapshot_id=id_or_name,
                         **body.model_dump(exclude={"name", "metadata"}), metadata=metadata)
     with timed(request, "restore"):
-        return await elsewhere(request, req) or await core(request).sandboxes.create(
-            req, who=who(request))
+        return await core(request).placement.create(req, who(request),
+                                                    placed=forwarded(request.scope))
 
 
 @router.get("/v1/templates", response_model=TemplateList)

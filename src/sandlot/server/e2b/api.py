@@ -21,14 +21,13 @@ from sandlot.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
-    SandlotError,
 )
 from sandlot.server.auth import bearer_key, who
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
-from sandlot.server.placement import elsewhere
+from sandlot.server.forward import forwarded
 
 PREFIX = "/e2b"
 MAX_PAGE = 100
@@ -158,10 +157,7 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         on_timeout="pause" if body.auto_pause else "kill",
                         pause_memory=body.auto_pause_memory is not False,
                         auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")))
-    placed = await elsewhere(request, req)
-    if placed is not None:
-        return placed
-    rec = await c.sandboxes.create(req, who=who(request))
+    rec = await c.placement.create(req, who(request), placed=forwarded(request.scope))
     return _answer(st, rec, 201)
 
 
@@ -294,18 +290,14 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
                        ) -> JSONResponse:
     c, st, caller = core(request), e2b_state(request), who(request)
     body = body or ForkBody()
-    results = (await c.sandboxes.fork(sandbox_id, body.count or 1, who=caller)).children
+    results = (await c.placement.fork(sandbox_id, body.count or 1, caller,
+                                      timeout=body.timeout)).children
     out = []
     for r in results:
         if isinstance(r, SandboxRecord):
-            try:
-                if body.timeout is not None:
-                    r = await c.sandboxes.set_timeout(r.sandbox_id, body.timeout, who=caller)
-                out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
-                continue
-            except SandlotError as e:
-                r = e
-        out.append({"error": {"code": r.status, "message": r.message or str(r)}})
+            out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
+        else:
+            out.append({"error": {"code": r.status, "message": r.message or str(r)}})
     return JSONResponse(out, 201)
 
 

@@ -111,7 +111,7 @@ def signed_call(request: Request, operation: str) -> Envd:
     if expires is not None and not expires.isdigit():
         raise AuthenticationError("invalid signature_expiration")
     user = q.get("username") or ""
-    for sandbox_id in list(c.sandboxes.live):
+    for sandbox_id in c.sandboxes.running_here():
         if signs(st.tokens, sandbox_id, q, operation):
             if expires is not None and int(expires) < time.time():
                 raise AuthenticationError("signature is already expired")
@@ -135,10 +135,9 @@ def signs(tokens, sandbox_id: str, query, operation: str) -> bool:
 async def signed_owner(c, st, query) -> str | None:
     """In a deployment: the host running the sandbox a signed file URL is for, if another."""
     operation = "write" if query.get("_method") == "POST" else "read"
-    for doc in await c.db.sandboxes(("running",)):
-        if doc.get("host") != c.host_id and signs(st.tokens, doc["sandbox_id"], query,
-                                                  operation):
-            return doc.get("host")
+    for sandbox_id, host in await c.sandboxes.running_elsewhere():
+        if signs(st.tokens, sandbox_id, query, operation):
+            return host
     return None
 
 

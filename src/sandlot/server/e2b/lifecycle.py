@@ -73,8 +73,7 @@ class Lifecycle:
                 rec = await self.core.sandboxes.set_timeout(sandbox_id, timeout, who=who)
             return rec, False
         await self.state_of(sandbox_id, who)
-        return await self.core.sandboxes.resume(sandbox_id, timeout, reboot=reboot,
-                                                who=who), True
+        return await self.core.placement.resume(sandbox_id, timeout, reboot, who=who), True
 
     async def kill(self, sandbox_id: str, who: Principal) -> None:
         await self.state_of(sandbox_id, who)

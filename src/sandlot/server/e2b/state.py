@@ -108,8 +108,9 @@ class Envd:
 async def start_e2b_state(app_state, c: Core) -> None:
     """The E2B layer's state for an app whose core has started (a deployment's token key
     comes from its database)."""
-    if c.db.shared:
-        key = bytes.fromhex(await c.db.secret(TOKEN_SECRET))
+    secret = await c.deployment_secret(TOKEN_SECRET)
+    if secret:
+        key = bytes.fromhex(secret)
         app_state.e2b = E2BState(tokens=AccessTokens(key=key), lifecycle=Lifecycle(c))
 
 

@@ -1,0 +1,174 @@
+"""Where new sandboxes run, in a deployment of several hosts (core/hosts.py ranks them).
+
+A create, restore or resume that another host should take is asked of it through `Peers`
+(the server implements it over HTTP); a fork whose children do not all fit on the parent's
+host (or all of them, when it is draining) starts the rest elsewhere from one snapshot of the
+parent. With one host (SQLite), or for a call a peer placed here already, everything is
+local. REST and E2B routes make the same calls, so both spread and place alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from sandlot.core.hosts import HostInfo, Hosts, HostState, Need
+from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState, SnapshotState
+from sandlot.core.sandboxes import Forked, SandboxManager
+from sandlot.core.snapshots import SnapshotManager
+from sandlot.core.tenancy import Principal
+from sandlot.errors import CapacityError, SandlotError, StorageError
+
+log = logging.getLogger(__name__)
+DEFAULT_MEMORY_MB = 512
+SPREAD_SNAPSHOT_WAIT = 600.0
+
+
+class Peers(Protocol):
+    """What core asks of the deployment's other hosts. Each call acts for `who` there and
+    raises the peer's error as the typed `SandlotError` (CapacityError: no room after all)."""
+
+    async def create(self, host: HostInfo, req: CreateSandbox, who: Principal,
+                     forked_from: str | None = None) -> SandboxRecord: ...
+
+    async def resume(self, host: HostInfo, sandbox_id: str, timeout: int | None,
+                     reboot: bool, who: Principal) -> SandboxRecord: ...
+
+
+class Placement:
+    """Creates, forks and resumes, placed on the deployment's hosts."""
+
+    def __init__(self, hosts: Hosts, sandboxes: SandboxManager, snapshots: SnapshotManager,
+                 peers: Peers | None = None) -> None:
+        self.hosts = hosts
+        self.sandboxes = sandboxes
+        self.snapshots = snapshots
+        self.peers = peers
+
+    def _placing(self, placed: bool) -> bool:
+        """Whether to place (a deployment with peers, and not placed here by a peer)."""
+        return self.hosts.shared and self.peers is not None and not placed
+
+    async def create(self, req: CreateSandbox, who: Principal, *, placed: bool = False,
+                     forked_from: str | None = None) -> SandboxRecord:
+        """A new sandbox of `who`'s, on the host placement picks (`placed`: a peer picked
+        this one)."""
+        if not self._placing(placed):
+            return await self.sandboxes.create(req, forked_from, who=who)
+        last: SandlotError | None = None
+        for host in await self.hosts.place(await self._need(req, who)):
+            if host.id == self.hosts.id:
+                return await self.sandboxes.create(req, forked_from, who=who)
+            try:
+                return await self.peers.create(host, req, who, forked_from)
+            except CapacityError as e:
+                log.info("host %s had no room after all (%s); trying the next", host.id,
+                         e.message)
+                last = e
+        raise last or CapacityError("no host can take the sandbox")
+
+    async def resume(self, sandbox_id: str, timeout: int | None = None, reboot: bool = False,
+                     *, who: Principal, placed: bool = False) -> SandboxRecord:
+        """A paused sandbox back under its id, on whichever host placement picks."""
+        if self._placing(placed):
+            rec = await self.sandboxes.get(sandbox_id, who)
+            if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
+                need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot)
+                for host in await self.hosts.place(need):
+                    if host.id == self.hosts.id:
+                        break
+                    try:
+                        return await self.peers.resume(host, sandbox_id, timeout, reboot, who)
+                    except CapacityError as e:
+                        log.info("host %s could not resume %s (%s); trying the next",
+                                 host.id, sandbox_id, e.message)
+        return await self.sandboxes.resume(sandbox_id, timeout, reboot, who=who)
+
+    async def fork(self, sandbox_id: str, count: int, who: Principal,
+                   timeout: int | None = None) -> Forked:
+        """`count` children of the sandbox, of `who`'s tenant (with the parent's timeout, or
+        `timeout`): on its host as far as it has room, the rest on other hosts."""
+        here = self._children_here(count)
+        if here == count:
+            return await self.sandboxes.fork(sandbox_id, count, who=who, timeout=timeout)
+        children: list[SandboxRecord | SandlotError] = []
+        pause_ms = 0.0
+        if here:
+            forked = await self.sandboxes.fork(sandbox_id, here, who=who, timeout=timeout)
+            children, pause_ms = list(forked.children), forked.pause_ms
+        children += await self._spread(sandbox_id, count - here, who, timeout)
+        return Forked(children, pause_ms)
+
+    def _children_here(self, count: int) -> int:
+        if not self._placing(False):
+            return count
+        if self.hosts.state != HostState.ACTIVE:
+            return 0
+        return min(count, self.sandboxes.free_slots())
+
+    async def _need(self, req: CreateSandbox, who: Principal) -> Need:
+        """What a create asks of a host: its memory, and its image (cached hosts first)."""
+        try:
+            source = await self.sandboxes.resolve_source(req, who)
+        except SandlotError:
+            return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB)
+        return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
+                    image_key=source.image.key)
+
+    async def _spread(self, parent_id: str, count: int, who: Principal,
+                      timeout: int | None) -> list[SandboxRecord | SandlotError]:
+        """`count` children of `parent_id` on other hosts: one snapshot of the parent,
+        restored where placement puts each child (spread by free slots); the snapshot goes
+        once they run."""
+        parent = await self.sandboxes.get(parent_id, who)
+        snap = await self.sandboxes.snapshot(parent_id, internal=True, who=who)
+        try:
+            snap = await self.snapshots.wait(snap.snapshot_id, SPREAD_SNAPSHOT_WAIT, who=who)
+            if snap.state != SnapshotState.READY:
+                error = StorageError(f"the parent's state could not be stored for children on "
+                                     f"other hosts: {snap.error or snap.state.value}")
+                return [error] * count
+            req = CreateSandbox(snapshot_id=snap.snapshot_id, memory_mb=parent.memory_mb,
+                                cpus=parent.cpus, env=parent.env, metadata=parent.metadata,
+                                timeout=parent.timeout if timeout is None else timeout,
+                                internet=parent.internet,
+                                network=parent.network)
+            try:
+                hosts = [h for h in await self.hosts.place(Need(
+                    memory_mb=parent.memory_mb, image_key=snap.snapshot_id))
+                    if h.id != self.hosts.id]
+            except CapacityError as e:
+                return [e] * count
+
+            async def child(first: int) -> SandboxRecord | SandlotError:
+                last: SandlotError = CapacityError("no other host has room for a fork child")
+                for host in hosts[first:] + hosts[:first]:  # its own host first, then others
+                    try:
+                        return await self.peers.create(host, req, who, parent_id)
+                    except CapacityError as e:
+                        last = e
+                    except SandlotError as e:
+                        return e
+                return last
+
+            return list(await asyncio.gather(*(child(i) for i in spread(hosts, count))))
+        finally:
+            try:
+                await self.snapshots.delete(snap.snapshot_id, who=who)
+            except SandlotError as e:
+                log.warning("fork snapshot %s not deleted: %s", snap.snapshot_id, e.message)
+
+
+def spread(hosts: list[HostInfo], count: int) -> list[int]:
+    """Which host (an index into `hosts`, best first) each of `count` children goes to: the
+    one with the most free slots left each time, ties to the better ranked."""
+    if not hosts:
+        return [0] * count
+    free = [max(h.free_slots, 0) for h in hosts]
+    plan = []
+    for _ in range(count):
+        i = max(range(len(hosts)), key=lambda j: (free[j], -j))
+        plan.append(i)
+        free[i] -= 1
+    return plan

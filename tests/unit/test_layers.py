@@ -1,0 +1,40 @@
+"""The layers' rules (docs/design.md): the server reaches the machine layer only where the app
+is set up, and core only through the runtime interface; the server does not reach round core
+(its store, its runtime, its live VMs)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "sandlot"
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_the_server_reaches_the_machine_layer_only_to_set_the_app_up() -> None:
+    for path in sorted((SRC / "server").rglob("*.py")):
+        low = {m for m in imports(path) if m.startswith(("sandlot.runtime", "sandlot.vmm"))}
+        if path.name == "app.py":
+            assert low <= {"sandlot.runtime.base", "sandlot.runtime.network",
+                           "sandlot.runtime.qemu"}, low
+        else:
+            assert not low, f"{path.relative_to(SRC)} imports {low}"
+
+
+def test_the_server_uses_cores_public_calls() -> None:
+    reach = re.compile(r"\.(db|runtime)\.|\bsandboxes\.live\b|\._[a-z]\w*\(")
+    for path in sorted((SRC / "server").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"\b(core|c|ctx\.core|self\.core)\b", code) and reach.search(code):
+                raise AssertionError(f"{path.relative_to(SRC)}:{n}: {line.strip()}")

@@ -1,0 +1,110 @@
+"""Placement in core (core/placement.py): creates, forks and resumes go where the deployment's
+hosts have room, through the REST and the E2B API alike. The other hosts are a fake `Peers`
+that records what it is asked (the real one is HTTP: tests/vm/test_cluster.py)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from sandlot.core.hosts import HostInfo, Hosts, HostState
+from sandlot.core.models import SandboxRecord
+from sandlot.core.tenancy import Principal
+from sandlot.errors import CapacityError
+from sandlot.testing import in_process
+
+
+class FakePeers:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.full: set[str] = set()  # hosts that answer "no room"
+
+    async def create(self, host, req, who, forked_from=None) -> SandboxRecord:
+        self.calls.append(("create", host.id, req, who, forked_from))
+        if host.id in self.full:
+            raise CapacityError(f"{host.id} is full")
+        return SandboxRecord(sandbox_id=f"sb-{host.id}{len(self.calls)}", memory_mb=512,
+                             cpus=1, host=host.id, forked_from=forked_from,
+                             snapshot_id=req.snapshot_id, state="running")
+
+    async def resume(self, host, sandbox_id, timeout, reboot, who) -> SandboxRecord:
+        self.calls.append(("resume", host.id, sandbox_id, who))
+        return SandboxRecord(sandbox_id=sandbox_id, memory_mb=512, cpus=1, host=host.id,
+                             state="running")
+
+
+def host(host_id: str, free: int) -> HostInfo:
+    return HostInfo(id=host_id, url=f"http://{host_id}", state=HostState.ACTIVE, slots=free)
+
+
+@pytest.fixture
+async def deployment(tmp_path, monkeypatch):
+    """An in-process server that believes it is host `here` of a deployment whose other
+    hosts are p1 and p2; `order` is what placement ranks first."""
+    async with in_process(tmp_path) as srv:
+        core = srv.core
+        monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
+        order: list[HostInfo] = []
+
+        async def place(need):
+            return list(order)
+
+        monkeypatch.setattr(core.hosts, "place", place)
+        peers = FakePeers()
+        core.placement.peers = peers
+        client = httpx.AsyncClient(transport=srv.async_transport(), base_url=srv.url,
+                                   headers={"authorization": f"Bearer {srv.key}",
+                                            "x-api-key": srv.key})
+        yield core, client, peers, order
+        await client.aclose()
+
+
+async def test_a_fork_spreads_its_children_over_hosts_with_room(deployment, monkeypatch):
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    parent = (await client.post("/v1/sandboxes", json={})).json()["sandbox_id"]
+    monkeypatch.setattr(core.sandboxes, "free_slots", lambda: 1)  # one more child here
+    order[:] = [host(core.host_id, 1), host("p1", 1), host("p2", 3)]
+    r = await client.post(f"/v1/sandboxes/{parent}/fork", json={"count": 4})
+    assert r.status_code == 200, r.text
+    kids = r.json()["sandboxes"]
+    assert len(kids) == 4 and r.json()["errors"] == []
+    spread = [c for c in peers.calls if c[0] == "create"]
+    assert sorted(c[1] for c in spread) == ["p1", "p2", "p2"]  # by free slots
+    assert {c[4] for c in spread} == {parent}  # forked_from
+    assert {c[3] for c in spread} == {Principal("test")}  # the caller's tenant
+    snapshot = spread[0][2].snapshot_id
+    assert {c[2].snapshot_id for c in spread} == {snapshot}  # one snapshot for all
+    r = await client.get(f"/v1/snapshots/{snapshot}")
+    assert r.json()["state"] == "deleted"  # gone once they run
+    # through E2B, the same spread, and a failed child does not fail the others
+    peers.calls.clear()
+    peers.full = {"p1", "p2"}
+    monkeypatch.setattr(core.sandboxes, "free_slots", lambda: 0)
+    r = await client.post(f"/e2b/sandboxes/{parent}/fork", json={"count": 2, "timeout": 60})
+    assert r.status_code == 201, r.text
+    assert [("error" in c) for c in r.json()] == [True, True]
+    peers.full = set()
+    r = await client.post(f"/e2b/sandboxes/{parent}/fork", json={"count": 2, "timeout": 60})
+    assert [c["sandbox"]["sandboxID"][:5] for c in r.json()] == ["sb-p2", "sb-p2"]
+    assert {c[2].timeout for c in peers.calls if c[0] == "create"} == {60}
+
+
+async def test_creates_and_resumes_go_where_placement_puts_them(deployment):
+    core, client, peers, order = deployment
+    order[:] = [host("p1", 4), host(core.host_id, 4)]
+    r = await client.post("/v1/sandboxes", json={"env": {"K": "v"}})
+    assert r.status_code == 201 and r.json()["host"] == "p1"
+    assert peers.calls[-1][2].env == {"K": "v"}
+    r = await client.post("/e2b/sandboxes", json={"templateID": "base"})
+    assert r.status_code == 201 and r.json()["sandboxID"].startswith("sb-p1")
+    assert r.json()["envdAccessToken"]
+    peers.full = {"p1"}  # no room there after all: the next host, this one
+    r = await client.post("/v1/sandboxes", json={})
+    assert r.status_code == 201 and r.json()["host"] == core.host_id
+    sid = r.json()["sandbox_id"]
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    order[:] = [host("p2", 4), host(core.host_id, 4)]
+    r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 200 and r.json()["host"] == "p2"
+    assert peers.calls[-1][:3] == ("resume", "p2", sid)
