@@ -41,8 +41,9 @@ class SnapshotKind(StrEnum):
 
 
 SANDBOX_TRANSITIONS: dict[SandboxState, set[SandboxState]] = {
+    # (paused again: a resume that failed, its state still stored)
     SandboxState.STARTING: {SandboxState.RUNNING, SandboxState.FAILED, SandboxState.STOPPED,
-                            SandboxState.LOST},
+                            SandboxState.LOST, SandboxState.PAUSED},
     SandboxState.RUNNING: {SandboxState.STOPPED, SandboxState.FAILED, SandboxState.STARTING,
                            SandboxState.PAUSED, SandboxState.LOST},
     SandboxState.PAUSED: {SandboxState.STARTING, SandboxState.STOPPED},

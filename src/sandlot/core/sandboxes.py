@@ -292,10 +292,10 @@ class SandboxManager:
         self.runtime.check_plan(image, plan_of(rec))
         return rec
 
-    async def _start(self, rec: SandboxRecord, source: Source, boot: bool = False
-                     ) -> LiveSandbox:
+    async def _start(self, rec: SandboxRecord, source: Source, boot: bool = False,
+                     failed: SandboxState = SandboxState.FAILED) -> LiveSandbox:
         """Restore `source` into the sandbox `rec` describes (`boot`: boot from its disk),
-        and register it as live."""
+        and register it as live; if that fails, the record goes to `failed`."""
         await self._save(rec)
         try:
             vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id,
@@ -303,7 +303,7 @@ class SandboxManager:
         except BaseException as e:
             rec.error = str(e) if isinstance(e, SandlotError) else f"{type(e).__name__}: {e}"
             with contextlib.suppress(SandlotError):
-                transition(rec, SandboxState.FAILED)
+                transition(rec, failed)
                 await self._save(rec)
             if isinstance(e, SandlotError) or not isinstance(e, Exception):
                 raise
@@ -630,10 +630,9 @@ class SandboxManager:
             rec.expires_at = now() + timedelta(seconds=rec.timeout) if rec.timeout else None
             rec.generation = new_generation()
             transition(rec, SandboxState.STARTING)
-            try:
-                await self._start(rec, source, boot=reboot)
+            try:  # a failure leaves it paused: its state is still there, it may try again
+                await self._start(rec, source, boot=reboot, failed=SandboxState.PAUSED)
             except SandlotError:
-                rec.state = SandboxState.PAUSED  # its state is still there: it may try again
                 rec.error = None
                 await self._save(rec)
                 raise

@@ -165,7 +165,7 @@ class Core:
             doc = await self.db.get_sandbox(live.sandbox_id)
             if doc is not None and doc.get("state") == SandboxState.LOST.value:
                 log.warning("sandbox %s was reported lost: removing it", live.sandbox_id)
-                live.record.state = SandboxState.LOST
+                transition(live.record, SandboxState.LOST)
                 live.record.error = doc.get("error")
                 async with live.lock:
                     await self.sandboxes.teardown(live, SandboxState.STOPPED)

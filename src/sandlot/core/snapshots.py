@@ -213,7 +213,7 @@ class SnapshotManager:
         rec = SnapshotRecord.model_validate({**record, "name": None})
         if not who.sees(rec.owner):
             raise NotFoundError(f"snapshot {snapshot_id!r} not found")
-        rec.state = SnapshotState.READY
+        transition(rec, SnapshotState.READY)  # it was uploading when its record was stored
         await self._save(rec)
         log.info("snapshot %s: taken by another server, found in the store", snapshot_id)
         return rec
