@@ -8,6 +8,7 @@
  * │       │                          sandlot cannot use
  * │       └── BuildStepError    400  a Dockerfile instruction failed (its output attached)
  * ├── AuthenticationError    401    missing or wrong API key
+ * │   └── PermissionDeniedError 403  a valid key that may not make the call (an admin's)
  * ├── NotFoundError          404    unknown sandbox, snapshot, template, process or path
  * │   └── ImageNotFoundError    404  no such image (repository or tag) in its registry
  * ├── ConflictError          409    a name already taken
@@ -70,6 +71,11 @@ export class BuildStepError extends ImageError {
 /** A missing or wrong API key. */
 export class AuthenticationError extends SandlotError {
   static override defaultStatus = 401;
+}
+
+/** A valid key that may not make the call (an operator's, made with a tenant's key). */
+export class PermissionDeniedError extends AuthenticationError {
+  static override defaultStatus = 403;
 }
 
 /** An unknown sandbox, snapshot, template, process or path. */
@@ -186,6 +192,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   InvalidArgumentError,
   PayloadTooLargeError,
   AuthenticationError,
+  PermissionDeniedError,
   NotFoundError,
   ConflictError,
   InvalidStateError,
@@ -207,7 +214,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass>> = Object.freeze({
 const STATUS_FALLBACK: Record<number, ErrorClass> = {
   400: InvalidArgumentError,
   401: AuthenticationError,
-  403: AuthenticationError,
+  403: PermissionDeniedError,
   404: NotFoundError,
   409: ConflictError,
   413: PayloadTooLargeError,

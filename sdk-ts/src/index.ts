@@ -48,6 +48,7 @@ export type {
 } from "./models.js";
 export {
   AuthenticationError,
+  PermissionDeniedError,
   BuildError,
   BuildStepError,
   CapacityError,
