@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import net from "node:net";
 import {
   AuthenticationError,
+  PermissionDeniedError,
   BuildError,
   BuildStepError,
   ImageError,
@@ -64,6 +65,7 @@ const SANDBOX = { sandbox_id: "sb-1", state: "running", memory_mb: 512, cpus: 1 
 const TREE: [string, new (...args: never[]) => SandlotError, number, (new (...args: never[]) => SandlotError)[]][] = [
   ["InvalidArgumentError", InvalidArgumentError, 400, [SandlotError]],
   ["AuthenticationError", AuthenticationError, 401, [SandlotError]],
+  ["PermissionDeniedError", PermissionDeniedError, 403, [AuthenticationError, SandlotError]],
   ["NotFoundError", NotFoundError, 404, [SandlotError]],
   ["ConflictError", ConflictError, 409, [SandlotError]],
   ["InvalidStateError", InvalidStateError, 409, [SandlotError]],
@@ -379,7 +381,7 @@ describe("public surface", () => {
     const expected = [
       "AuthenticationError", "BuildError", "BuildStepError", "CapacityError", "CommandExitError", "CommandHandle", "CommandOutput",
       "CommandTimeoutError", "Commands", "ConflictError", "DEFAULT_SHELL", "DEFAULT_URL", "ERRORS", "Files", "ForkList",
-      "GuestError", "HostUnavailableError", "Hosts", "ImageError", "ImageNotFoundError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "Sandbox", "SandboxError",
+      "GuestError", "HostUnavailableError", "Hosts", "ImageError", "ImageNotFoundError", "InvalidArgumentError", "InvalidStateError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError", "Sandbox", "SandboxError",
       "Sandboxes", "Sandlot", "SandlotError", "Snapshot", "SnapshotFailedError", "Snapshots", "StorageError",
       "Templates", "Terminal", "Terminals", "VmmError", "WaitTimeoutError", "errorFromPayload", "errorFromResponse",
     ];
