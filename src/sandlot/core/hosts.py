@@ -22,6 +22,7 @@ from enum import StrEnum
 from pydantic import BaseModel
 
 from sandlot.config import Settings
+from sandlot.core.background import stop_task
 from sandlot.core.db import HostRow, MetadataStore
 from sandlot.errors import CapacityError, NotFoundError
 from sandlot.runtime.base import Runtime
@@ -124,10 +125,7 @@ class Hosts:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         with contextlib.suppress(Exception):
             await self.db.set_host_state(self.id, HostState.STOPPED.value)
 

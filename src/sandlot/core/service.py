@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from sandlot.config import Settings
+from sandlot.core.background import stop_task
 from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
 from sandlot.core.files import Files
@@ -94,10 +95,7 @@ class Core:
         await self.usage.stop()
         await self.hosts.stop()
         for task in [self._reaper, *self._background]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, SandlotError):
-                    await task
+            await stop_task(task)
         await self.snapshots.close()
         lives = list(self.sandboxes.live.values())
         await self.runtime.close([lv.vm for lv in lives], kill=kill_sandboxes)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from sandlot.core.background import stop_task
 from sandlot.core.live import LiveSandbox
 from sandlot.errors import InvalidArgumentError
 from sandlot.runtime.base import Runtime, Usage
@@ -49,10 +49,7 @@ class UsageSampler:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
 
     async def _loop(self) -> None:
         while True:

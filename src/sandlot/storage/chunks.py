@@ -32,6 +32,7 @@ except ImportError:  # without it, every chunk that may have changed is hashed w
     _blake3 = None
 
 from sandlot.errors import NotFoundError, StorageError
+from sandlot.sparse import data_extents
 from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
 
@@ -138,18 +139,11 @@ class PutResult:
 
 
 def _data_chunks(fd: int, size: int, chunk: int) -> np.ndarray:
-    """Indices of the chunks of a sparse file that overlap data (SEEK_DATA/SEEK_HOLE)."""
-    found: list[np.ndarray] = []
-    offset = 0
+    """Indices of the chunks of a sparse file that overlap data (all of them where the file
+    system cannot say)."""
     try:
-        while offset < size:
-            try:
-                start = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError:
-                break  # ENXIO: no data after offset
-            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-            found.append(np.arange(start // chunk, (end - 1) // chunk + 1))
-            offset = end
+        found = [np.arange(start // chunk, (end - 1) // chunk + 1)
+                 for start, end in data_extents(fd, size)]
     except OSError:
         return np.arange(-(-size // chunk))
     return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from sandlot.errors import VmmError
+from sandlot.sparse import data_extents
 
 PAGE = 4096
 _PRESENT = np.uint64(1 << 63)
@@ -261,21 +262,6 @@ def _shares(local: np.ndarray, remote: np.ndarray, lengths: np.ndarray, n: int
         loc[:, 1] = rem[:, 1] = stop - begin
         out.append((loc, rem))
         lo = hi
-    return out
-
-
-def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """(start, end) of each data extent of a sparse file (SEEK_DATA/SEEK_HOLE)."""
-    out = []
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError:
-            break  # ENXIO: no data after offset
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        out.append((start, end))
-        offset = end
     return out
 
 

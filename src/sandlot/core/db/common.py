@@ -54,6 +54,21 @@ class KeyRow:
     created_at: float
 
 
+def listing(table: str, states: tuple[str, ...] | None, host: str | None,
+            mark: str) -> tuple[str, tuple]:
+    """The query of a listing of `table`'s docs by state and host (`mark`: the driver's
+    placeholder), and its arguments."""
+    clauses, args = [], []
+    if states:
+        clauses.append(f"state IN ({', '.join([mark] * len(states))})")
+        args += list(states)
+    if host is not None:
+        clauses.append(f"host = {mark}")
+        args.append(host)
+    where = " WHERE " + " AND ".join(clauses) if clauses else ""
+    return f"SELECT doc FROM {table}{where}", tuple(args)
+
+
 @dataclass(frozen=True)
 class HostRow:
     """A host as the store has it: `age` is the seconds since its last heartbeat."""

@@ -29,6 +29,7 @@ from sandlot.core.db.common import (
     failed_snapshot_doc,
     hash_key,
     key_id,
+    listing,
     lost_sandbox_doc,
     tenant_of_row,
 )
@@ -177,13 +178,7 @@ class PostgresStore:
 
     async def sandboxes(self, states: tuple[str, ...] | None = None,
                         host: str | None = None) -> list[dict]:
-        sql, args = "SELECT doc FROM sandboxes WHERE true", ()
-        if states:
-            sql += " AND state = ANY(%s)"
-            args += (list(states),)
-        if host is not None:
-            sql += " AND host = %s"
-            args += (host,)
+        sql, args = listing("sandboxes", states, host, "%s")
         return [json.loads(r[0]) for r in await self._q(sql, args)]
 
     # ---- snapshots ------------------------------------------------------------------------
@@ -208,13 +203,7 @@ class PostgresStore:
 
     async def snapshots(self, states: tuple[str, ...] | None = None,
                         host: str | None = None) -> list[dict]:
-        sql, args = "SELECT doc FROM snapshots WHERE true", ()
-        if states:
-            sql += " AND state = ANY(%s)"
-            args += (list(states),)
-        if host is not None:
-            sql += " AND host = %s"
-            args += (host,)
+        sql, args = listing("snapshots", states, host, "%s")
         return [json.loads(r[0]) for r in await self._q(sql + " ORDER BY created_at", args)]
 
     async def name_taken(self, name: str, except_id: str | None = None) -> bool:

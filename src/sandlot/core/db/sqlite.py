@@ -23,6 +23,7 @@ from sandlot.core.db.common import (
     failed_snapshot_doc,
     hash_key,
     key_id,
+    listing,
     lost_sandbox_doc,
     tenant_of_row,
 )
@@ -122,13 +123,7 @@ class SqliteStore:
 
     async def sandboxes(self, states: tuple[str, ...] | None = None,
                         host: str | None = None) -> list[dict]:
-        sql, args = "SELECT doc FROM sandboxes WHERE 1=1", ()
-        if states:
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            args += tuple(states)
-        if host is not None:
-            sql += " AND host = ?"
-            args += (host,)
+        sql, args = listing("sandboxes", states, host, "?")
         return [json.loads(r[0]) for r in self._q(sql, args)]
 
     # ---- snapshots ------------------------------------------------------------------------
@@ -152,13 +147,7 @@ class SqliteStore:
 
     async def snapshots(self, states: tuple[str, ...] | None = None,
                         host: str | None = None) -> list[dict]:
-        sql, args = "SELECT doc FROM snapshots WHERE 1=1", ()
-        if states:
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            args += tuple(states)
-        if host is not None:
-            sql += " AND host = ?"
-            args += (host,)
+        sql, args = listing("snapshots", states, host, "?")
         return [json.loads(r[0]) for r in self._q(sql + " ORDER BY created_at", args)]
 
     async def name_taken(self, name: str, except_id: str | None = None) -> bool:
