@@ -29,6 +29,7 @@ from sandlot.server.deps import core
 from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
+from sandlot.server.errors import public_message
 from sandlot.server.placement import elsewhere
 
 PREFIX = "/e2b"
@@ -178,9 +179,10 @@ def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict
     if limit is not None and limit < 1:
         raise InvalidArgumentError("limit must be at least 1")
     size = min(limit or MAX_PAGE, MAX_PAGE)
-    start = int(token) if token and token.isdigit() else 0
-    if token and not token.isdigit():
-        raise InvalidArgumentError(f"invalid nextToken {token!r}")
+    valid = bool(token) and token.isascii() and token.isdigit() and len(token) <= 12
+    if token and not valid:
+        raise InvalidArgumentError(f"invalid nextToken {token[:64]!r}")
+    start = int(token) if valid else 0
     page = items[start:start + size]
     headers = {"x-next-token": str(start + size)} if start + size < len(items) else {}
     return page, headers
@@ -305,7 +307,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
                 continue
             except SandlotError as e:
                 r = e
-        out.append({"error": {"code": r.status, "message": r.message or str(r)}})
+        out.append({"error": {"code": r.status, "message": public_message(r)}})
     return JSONResponse(out, 201)
 
 

@@ -92,9 +92,7 @@ class Lifecycle:
             snap = await self.core.snapshots.get(
                 template_id if template_id.startswith("snap-") else snapshot_name(template_id))
         except NotFoundError:
-            names = ", ".join(t.name for t in self.core.templates.list()) or "none"
-            raise NotFoundError(f"template or snapshot {template_id!r} not found; this sandlot "
-                                f"server has the templates: {names}") from None
+            raise NotFoundError(f"template or snapshot {template_id[:64]!r} not found") from None
         snap = await self.wait_ready(snap.snapshot_id)
         return CreateSandbox(snapshot_id=snap.snapshot_id)
 
