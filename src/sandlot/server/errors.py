@@ -23,14 +23,14 @@ from sandlot.errors import (
     SandlotError,
     StorageError,
     VmmError,
+    without_paths,
 )
 
 log = logging.getLogger(__name__)
 
-HOST_PATH = "<host path>"
+HOST_PATH = "<host path>"  # as sandlot.errors.without_paths writes it
 # errors raised by the host's side: any absolute path in them is the host's
 HOST_SIDE = (StorageError, BuildError, VmmError, CapacityError, HostUnavailableError)
-_ABSOLUTE = re.compile(r"(?<![\w.:/-])/(?:[^\s'\"/,;()\[\]{}]+/)+[^\s'\",;()\[\]{}]*")
 _roots: set[str] = set()
 _root_re: re.Pattern | None = None
 
@@ -51,7 +51,7 @@ def redact(message: str, host_side: bool = False) -> str:
     if _root_re is not None:
         message = _root_re.sub(HOST_PATH, message)
     if host_side:
-        message = _ABSOLUTE.sub(HOST_PATH, message)
+        message = without_paths(message)
     return message
 
 
