@@ -5,7 +5,9 @@ gets."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 
 import httpx
 import pytest
@@ -115,3 +117,32 @@ async def test_create_from_a_loopback_registry_is_refused(tmp_path, listener,
             assert not srv.core.sandboxes.live or all(
                 lv.record.template == "base" for lv in srv.core.sandboxes.live.values())
     no_connection(listener)
+
+
+PROXY_CONNECT = """
+import os, socket, sys, urllib.parse
+proxy = urllib.parse.urlparse(os.environ["HTTPS_PROXY"])
+s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
+s.sendall(f"CONNECT {sys.argv[1]} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n".encode())
+print(s.recv(100).decode().split("\\r\\n")[0])
+"""
+DIRECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 5)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace of its own needs root")
+def test_a_pull_runs_where_the_proxy_is_the_only_way_out(listener) -> None:
+    """skopeo (Go) goes around a proxy for loopback hosts: in its own network namespace that
+    reaches nothing, and through the proxy only what the policy allows gets through."""
+    port = str(listener.getsockname()[1])
+    direct = egress.run([sys.executable, "-c", DIRECT, port], egress.Policy())
+    assert direct.returncode != 0 and b"ConnectionRefusedError" in direct.stderr
+    refused = egress.run([sys.executable, "-c", PROXY_CONNECT, f"127.0.0.1:{port}"],
+                         egress.Policy())
+    assert refused.stdout.decode().strip() == "HTTP/1.1 403 Forbidden", refused
+    no_connection(listener)
+    named = egress.Policy(frozenset({f"127.0.0.1:{port}"}))
+    allowed = egress.run([sys.executable, "-c", PROXY_CONNECT, f"127.0.0.1:{port}"], named)
+    assert allowed.stdout.decode().startswith("HTTP/1.1 200"), allowed
+    listener.setblocking(True)
+    listener.settimeout(10)
+    listener.accept()[0].close()  # the proxy connected, from the host's namespace

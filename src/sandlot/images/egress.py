@@ -12,17 +12,24 @@ the named ones are reached. Unset, the list is ``public``. Registries named in
 A registry is checked after DNS resolution, and skopeo reaches registries only through
 `Proxy`: a proxy on loopback, in this process, that checks every connection skopeo opens (the
 registry, the hosts its redirects point at) the same way and connects to the very address it
-checked, so a name that resolves differently the second time gains nothing.
+checked, so a name that resolves differently the second time gains nothing. For a registry
+the operator did not name, skopeo runs in a network namespace of its own (`run`, as root),
+where the proxy is the only way out: Go never proxies loopback hosts (``127.0.0.1``,
+``localhost``), and a redirect to one reaches nothing there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import ipaddress
 import logging
 import os
 import select
 import socket
+import struct
+import subprocess
 import threading
 from dataclasses import dataclass, field
 
@@ -99,6 +106,9 @@ class Policy:
 
     def addresses(self, host: str, port: int) -> list[str]:
         """The addresses of `host` a connection may go to (all of them, or Refused)."""
+        named = self.names(host, port)
+        if not named and not self.public:
+            raise Refused(f"{host}:{port} is not named in {ALLOW_ENV}")
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as e:
@@ -106,10 +116,8 @@ class Policy:
         found = list(dict.fromkeys(str(info[4][0]) for info in infos))
         if not found:
             raise Refused(f"{host} has no address")
-        if self.names(host, port):
+        if named:
             return found
-        if not self.public:
-            raise Refused(f"{host}:{port} is not named in {ALLOW_ENV}")
         private = [a for a in found if not public_address(a)]
         if private:
             raise Refused(f"{host}:{port} resolves to {', '.join(private)}, which is not "
@@ -143,7 +151,9 @@ def connect(policy: Policy, host: str, port: int, timeout: float = 30) -> socket
 class Proxy:
     """An HTTP proxy on loopback for one skopeo run: CONNECT (TLS registries) and absolute-URI
     requests (plain-HTTP ones), each destination checked by `policy` and reached at the
-    address checked. Every refusal is logged; skopeo sees a 403 and fails."""
+    address checked. Every refusal is logged; skopeo sees a 403 and fails. `sock`: a
+    listening socket made elsewhere (in another network namespace, `run`); its connections
+    out are made from the namespace of the thread that enters the proxy."""
 
     policy: Policy
     refused: list[str] = field(default_factory=list)
@@ -151,7 +161,8 @@ class Proxy:
     _closed: bool = False
 
     def __enter__(self) -> Proxy:
-        self._sock = socket.create_server(("127.0.0.1", 0))
+        if self._sock is None:
+            self._sock = socket.create_server(("127.0.0.1", 0))
         threading.Thread(target=self._serve, daemon=True, name="egress-proxy").start()
         return self
 
@@ -228,6 +239,74 @@ class Proxy:
                 upstream.close()
 
 
+CLONE_NEWNET = 0x40000000
+_isolation_failed = False
+
+
+def _new_netns() -> None:
+    """Move the calling thread (only) into a new network namespace, its loopback up."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh22x", b"lo", flags | 1))  # SIOCSIFFLAGS, UP
+
+
+def run(cmd: list[str], policy: Policy, *, isolate: bool = True,
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`cmd` (skopeo) with every proxy variable set to a `Proxy` of `policy`. `isolate` (as
+    root): in a network namespace of its own, where the proxy is all there is, so nothing
+    reaches the network around it; Go programs go around a proxy for loopback hosts, which
+    there reach nothing. Elsewhere (or if the namespace cannot be made): in this one."""
+    global _isolation_failed
+    made: dict = {}
+    ready, go = threading.Event(), threading.Event()
+
+    def confined() -> None:  # a thread of its own: a namespace is per thread
+        try:
+            if isolate and not _isolation_failed:
+                try:
+                    _new_netns()
+                except OSError as e:
+                    log.warning("image pulls run without a network namespace of their own: "
+                                "%s", e)
+                    made["unconfined"] = e
+            made["sock"] = socket.create_server(("127.0.0.1", 0))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            made["error"] = e
+        ready.set()
+        if "error" in made:
+            return
+        go.wait()
+        try:
+            made["proc"] = subprocess.run(cmd, capture_output=True, env=made["env"],
+                                          timeout=timeout)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            made["error"] = e
+        finally:
+            made["sock"].close()
+
+    thread = threading.Thread(target=confined, name="egress-run", daemon=True)
+    thread.start()
+    ready.wait()
+    if "unconfined" in made:
+        _isolation_failed = True
+    if "error" in made:
+        thread.join()
+        raise made["error"]
+    # The proxy's threads start here, in this thread's namespace: they reach the network.
+    with Proxy(policy, _sock=made["sock"]) as proxy:
+        made["env"] = proxy.env()
+        go.set()
+        thread.join()
+    if "error" in made:
+        raise made["error"]
+    return made["proc"]
+
+
 def _relay(a: socket.socket, b: socket.socket) -> None:
     """Copy bytes both ways until either side closes."""
     peers = {a: b, b: a}
@@ -242,4 +321,4 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
             peers[s].sendall(data)
 
 
-__all__ = ["ALLOW_ENV", "Policy", "Proxy", "Refused", "public_address"]
+__all__ = ["ALLOW_ENV", "Policy", "Proxy", "Refused", "public_address", "run"]

@@ -160,14 +160,14 @@ def _skopeo(args: list[str], ref: Reference, access: Access) -> bytes:
         raise ImageError(UNIFORM.format(ref=ref.text)) from None
     if shutil.which("skopeo") is None:
         raise BuildError("skopeo is not installed (apt-get install skopeo)")
-    with egress.Proxy(policy) as proxy:
-        proc = subprocess.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args],
-                              capture_output=True, env=proxy.env())
+    named = access.named(ref)
+    proc = egress.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args], policy,
+                      isolate=not named)
     if proc.returncode == 0:
         return proc.stdout
     err = (proc.stderr or proc.stdout).decode(errors="replace").strip()
     msg = err.rsplit('msg="', 1)[-1].rstrip('"').replace('\\"', '"')[-1500:]
-    if not access.named(ref):
+    if not named:
         log.info("image %s: skopeo failed: %s", ref.text, msg)
         raise ImageError(UNIFORM.format(ref=ref.text))
     low = msg.lower()

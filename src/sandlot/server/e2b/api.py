@@ -27,7 +27,7 @@ from sandlot.errors import (
 from sandlot.server.auth import bearer_key, owner
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
-from sandlot.server.e2b.errors import Unsupported, api_error
+from sandlot.server.e2b.errors import Unsupported, WrongMethod, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
 from sandlot.server.errors import public_message
 from sandlot.server.placement import elsewhere
@@ -388,5 +388,11 @@ async def unsupported(rest: str, request: Request) -> Response:
     for marker, message in UNSUPPORTED:
         if marker in path:
             raise Unsupported(message)
+    allowed = sorted({m for route in router.routes if isinstance(route, APIRoute)
+                      and "{rest" not in route.path and route.path_regex.match(PREFIX + path)
+                      for m in route.methods})
+    if allowed:
+        raise WrongMethod(f"{request.method} is not allowed on {path}; use "
+                          f"{' or '.join(allowed)}")
     raise Unsupported(f"sandlot does not serve {request.method} {path} of the E2B API; "
                       f"{SUPPORTED}")

@@ -11,6 +11,8 @@ Errors of the e2b layer itself sit next to sandlot's tree:
     SandlotError
     ├── Unsupported          501  an E2B call sandlot does not serve (the message says what does)
     ├── OutputOverflow       429  a client left too much command output unread
+    ├── WrongMethod          405  a path sandlot serves, with another method (an
+    │                              InvalidArgumentError)
     └── SandboxNotRunning    502  an envd call for a sandbox that is not running; E2B's proxy
                                    answers this with "... was not found", which the SDK turns
                                    into SandboxNotRunningException
@@ -47,6 +49,12 @@ class Unsupported(SandlotError):
     """An E2B call sandlot does not serve; the message names what sandlot offers instead."""
 
     status = 501
+
+
+class WrongMethod(InvalidArgumentError):
+    """A path sandlot serves, called with a method it does not serve it with."""
+
+    status = 405
 
 
 class OutputOverflow(SandlotError):
