@@ -6,8 +6,11 @@ gets."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -146,3 +149,47 @@ def test_a_pull_runs_where_the_proxy_is_the_only_way_out(listener) -> None:
     listener.setblocking(True)
     listener.settimeout(10)
     listener.accept()[0].close()  # the proxy connected, from the host's namespace
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("skopeo") is None,
+                    reason="needs root (a network namespace) and skopeo")
+def test_redirects_to_loopback_reach_nothing(listener) -> None:
+    """A registry the policy allows redirects skopeo to the listener: by a literal loopback
+    address and `localhost` (Go goes around the proxy: its namespace has nothing there) and
+    by a name the proxy checks (refused). Nothing reaches the listener."""
+    port = listener.getsockname()[1]
+    targets = [f"http://127.0.0.1:{port}/x", f"http://localhost:{port}/x",
+               f"http://127.2:{port}/x"]
+    asked: list[str] = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            if self.path == "/v2/":
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            self.send_response(307)
+            self.send_header("Location", targets[int(self.path.split("/")[2][1:])])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    registry = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=registry.serve_forever, daemon=True).start()
+    try:
+        host = f"127.1:{registry.server_address[1]}"  # a name to Go: it goes through the proxy
+        policy = egress.Policy(frozenset({host}))
+        for i in range(len(targets)):
+            proc = egress.run(["skopeo", "--command-timeout", "60s", "inspect", "--raw",
+                               "--tls-verify=false", f"docker://{host}/r{i}:1"], policy)
+            assert proc.returncode != 0
+            assert f"/v2/r{i}/manifests/1" in asked  # the registry was reached, and redirected
+        no_connection(listener)
+    finally:
+        registry.shutdown()
+        registry.server_close()
