@@ -43,13 +43,19 @@ def add_host_roots(*paths: Path | str | None) -> None:
         if text.startswith("/") and text.count("/") > 1:
             _roots.add(text)
     alternatives = "|".join(re.escape(r) for r in sorted(_roots, key=len, reverse=True))
-    _root_re = re.compile(rf"(?:{alternatives})(?:/[^\s'\",;()\[\]{{}}]*)?") if _roots else None
+    _root_re = re.compile(rf"(?:{alternatives})(?![\w-])(?:/[^\s'\",;()\[\]{{}}]*)?"
+                          ) if _roots else None
+
+
+def _hide(m: re.Match) -> str:
+    path = m.group(0)
+    return HOST_PATH + path[len(path.rstrip(".:")):]  # a path at a sentence's end
 
 
 def redact(message: str, host_side: bool = False) -> str:
     """`message` without this host's paths (`host_side`: without any absolute path)."""
     if _root_re is not None:
-        message = _root_re.sub(HOST_PATH, message)
+        message = _root_re.sub(_hide, message)
     if host_side:
         message = without_paths(message)
     return message
