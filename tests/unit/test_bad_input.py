@@ -14,7 +14,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from sandlot.errors import CapacityError, StorageError, VmmError
+from sandlot.errors import CapacityError, StorageError, VmmError, without_paths
+from sandlot.server import errors
 from sandlot.server.e2b import api as e2b_api
 from sandlot.server.e2b.envd import SERVICES
 from sandlot.testing import in_process
@@ -158,3 +159,16 @@ async def test_host_side_errors_name_no_host_path(api, monkeypatch, error) -> No
         clean(api.srv, r, 200, 201, 404, 500, 502)
         assert "/srv/other" not in r.text and "overlay.qcow2" not in r.text, r.text
         assert json.loads(r.text)  # answered, not dropped
+
+
+def test_messages_lose_host_paths() -> None:
+    errors.add_host_roots("/var/lib/sandlot-test-root", "s3://bucket/prefix", "/")
+    said = errors.redact("reading /var/lib/sandlot-test-root/store/manifests/x.json: gone; "
+                         "guest file /tmp/x, /var/lib/sandlot-test-rootless/y")
+    assert said == ("reading <host path>: gone; guest file /tmp/x, "
+                    "/var/lib/sandlot-test-rootless/y")
+    assert errors.public_message(StorageError("writing /srv/a/b.qcow2: full.")) == \
+        "writing <host path>: full."
+    assert errors.public_message(RuntimeError("/secret/x")) == \
+        "internal error (RuntimeError); the server's log has the details"
+    assert without_paths("no path here, nor /etc") == "no path here, nor /etc"
