@@ -14,6 +14,8 @@ captures are refused with a CapacityError below them; default 5% of RAM, 1024 Mi
 The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
 SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
 seconds past a command's timeout before the server ends it if the guest has not (default 5).
+SANDLOT_REGISTRIES: the registries image pulls may reach (images/egress.py; default: public
+addresses only).
 
 Several hosts (docs/cluster.md): SANDLOT_DATABASE_URL (a ``postgresql://`` URL shared by every
 host; default SQLite under the data dir), SANDLOT_HOST_ID (this host's stable id; default made

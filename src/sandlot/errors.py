@@ -26,7 +26,21 @@ The server maps errors to HTTP by `status` in one handler and sends
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+HOST_PATH = "<host path>"
+_ABSOLUTE = re.compile(r"(?<![\w.:/<-])/(?:[^\s'\"/,;()\[\]{}<>]+/)+[^\s'\",;()\[\]{}<>]*")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path of two components or more replaced: what a message of
+    the host's side (storage, VMM, builds) may show a client."""
+    def one(m: re.Match) -> str:
+        path = m.group(0)
+        return HOST_PATH + path[len(path.rstrip(".:")):]  # a path at a sentence's end
+
+    return _ABSOLUTE.sub(one, text)
 
 
 class SandlotError(Exception):

@@ -29,7 +29,7 @@ from sandlot import (
 )
 from sandlot.config import Settings
 from sandlot.core import templates
-from sandlot.images import dockerfile, oci
+from sandlot.images import dockerfile, egress, oci
 from sandlot.images.imagefs import build_image_rootfs
 from sandlot.images.kernel import ensure_kernel
 from sandlot.testing import IMAGES_DIR
@@ -143,8 +143,11 @@ def test_image_errors(server, registry) -> None:
 
 def test_plain_http_registry_needs_naming(registry, oci_images) -> None:
     ref = oci.parse_reference(oci_images["busybox"])
-    with pytest.raises(ImageError, match="SANDLOT_INSECURE_REGISTRIES"):
+    with pytest.raises(ImageError, match="SANDLOT_REGISTRIES"):  # loopback: not named
         oci.resolve(ref, oci.Access())
+    named = egress.Policy(frozenset({registry.host}))
+    with pytest.raises(ImageError, match="SANDLOT_INSECURE_REGISTRIES"):
+        oci.resolve(ref, oci.Access(policy=named))
     pinned = oci.resolve(ref, oci.Access(frozenset({registry.host})))
     assert pinned.digest and pinned.digest.startswith("sha256:")
 

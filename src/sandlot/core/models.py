@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PlainSerializer
 
-from sandlot.errors import InvalidStateError
+from sandlot.errors import InvalidStateError, without_paths
+
+# Why a sandbox or snapshot failed, as answers show it: without host paths (the server's log
+# has the whole message).
+ErrorText = Annotated[str | None, PlainSerializer(
+    lambda v: without_paths(v) if v else v, return_type=str | None, when_used="json")]
 
 log = logging.getLogger("sandlot.lifecycle")
 
@@ -99,7 +104,7 @@ class SandboxRecord(BaseModel):
     pause_memory: bool = True  # a pause at its timeout keeps memory (False: the disk only)
     auto_resume: bool = False
     pid: int | None = None
-    error: str | None = None
+    error: ErrorText = None
     host: str | None = None  # the id of the host it runs on (GET /v1/hosts)
     # Internal bookkeeping, persisted but not part of the API shape.
     image_key: str = Field("", exclude=True,
@@ -119,7 +124,7 @@ class SnapshotRecord(BaseModel):
     snapshot_id: str
     name: str | None = None
     state: SnapshotState = SnapshotState.CREATING
-    error: str | None = None
+    error: ErrorText = None
     sandbox_id: str | None = None
     template: str | None = None
     memory_mb: int = 512

@@ -577,6 +577,8 @@ class SandboxManager:
                                               memory=keep_memory, owner=rec.owner)
             try:
                 captured = await self.snapshots.capture(live, snap)
+            except CapacityError:  # no room for its state now: it keeps running
+                raise
             except SandlotError as e:
                 raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}"
                                    ) from e

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -47,8 +48,20 @@ log = logging.getLogger(__name__)
 TERMINAL = (SnapshotState.READY, SnapshotState.FAILED, SnapshotState.DELETED)
 
 
+SNAPSHOT_ID_RE = re.compile(r"snap-[0-9a-f]{10}")  # what new_snapshot_id makes
+MAX_NAME = 127  # a snapshot name: name[:tag], 63 characters each
+
+
 def new_snapshot_id() -> str:
     return "snap-" + secrets.token_hex(5)
+
+
+def could_name(id_or_name: str) -> bool:
+    """Whether `id_or_name` has the form of a snapshot id or name: anything else names no
+    snapshot, and is never looked up (in the database or the store)."""
+    if id_or_name.startswith("snap-"):
+        return SNAPSHOT_ID_RE.fullmatch(id_or_name) is not None
+    return 0 < len(id_or_name) <= MAX_NAME and "\0" not in id_or_name
 
 
 @dataclass
@@ -94,6 +107,8 @@ class SnapshotManager:
                   ) -> SnapshotRecord:
         """A snapshot by id, or by name among `who`'s tenant's; another tenant's is not
         found."""
+        if not could_name(id_or_name):
+            raise NotFoundError(f"snapshot {id_or_name[:64]!r} not found")
         key = id_or_name if id_or_name.startswith("snap-") else scoped_name(who.tenant,
                                                                              id_or_name)
         doc = await self.db.get_snapshot(key)
@@ -186,7 +201,8 @@ class SnapshotManager:
         try:
             rec = await self.get(id_or_name, who, include_deleted=True)
         except NotFoundError:
-            if not id_or_name.startswith("snap-") or await self.db.get_snapshot(id_or_name):
+            if not SNAPSHOT_ID_RE.fullmatch(id_or_name) or await self.db.get_snapshot(
+                    id_or_name):
                 raise  # a record of another tenant's is as good as none
             rec = await self._from_store(id_or_name, who)
         if rec.state == SnapshotState.DELETED:

@@ -70,8 +70,8 @@ class TemplateStore:
         self._image_names: dict[str, str] = {}  # reference -> its template, as last resolved
 
     def get(self, name: str) -> TemplateInfo:
-        if not NAME_RE.match(name or ""):
-            raise NotFoundError(f"template {name!r} not found")
+        if not NAME_RE.fullmatch(name or ""):
+            raise NotFoundError(f"template {name[:64]!r} not found")
         path = self.index / f"{name}.json"
         try:
             return TemplateInfo.model_validate_json(path.read_text())
@@ -94,6 +94,8 @@ class TemplateStore:
     async def info(self, name: str, who: Principal = SYSTEM) -> TemplateInfo:
         """A template by name that `who` may use: this host's, else the store's (then
         remembered here)."""
+        if not NAME_RE.fullmatch(name or ""):  # nothing else can name one: never looked up
+            raise NotFoundError(f"template {name[:64]!r} not found")
         info = await self._info(name)
         if not visible(info, who):
             raise NotFoundError(f"template {name!r} not found")

@@ -5,12 +5,18 @@ A registry is reached over TLS unless it is named in `SANDLOT_INSECURE_REGISTRIE
 (``host:port,...``) or given as insecure by the caller. Credentials are skopeo's: the usual
 Docker and containers auth files (``~/.docker/config.json``, ``$XDG_RUNTIME_DIR/containers/
 auth.json``), `SANDLOT_REGISTRY_AUTH_FILE`, or ``user:password`` given by the caller.
+
+Which registries may be reached at all is `egress.Policy` (`SANDLOT_REGISTRIES`): checked
+before skopeo runs, and on every connection skopeo opens (`egress.Proxy`). A pull from a
+registry the operator did not name that is refused or fails answers one error (`UNIFORM`),
+whatever the reason: a closed port, a service that is not a registry, a policy refusal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandlot.errors import BuildError, ImageError, ImageNotFoundError
+from sandlot.images import egress
+
+log = logging.getLogger(__name__)
 
 INSECURE_ENV = "SANDLOT_INSECURE_REGISTRIES"
 AUTH_FILE_ENV = "SANDLOT_REGISTRY_AUTH_FILE"
@@ -36,6 +45,8 @@ REFERENCE_RE = re.compile(
 NOT_FOUND = ("manifest unknown", "name unknown", "not found", "repository does not exist",
              "requested access to the resource is denied")
 SKOPEO_TIMEOUT = "10m"
+UNIFORM = ("cannot pull image {ref!r}: it was not found, its registry refused it or did not "
+           "answer, or this server may not reach that registry (" + egress.ALLOW_ENV + ")")
 
 
 @dataclass(frozen=True)
@@ -86,13 +97,30 @@ class Access:
     insecure: frozenset[str] = frozenset()
     creds: str | None = None  # user:password
     auth_file: str | None = None
+    policy: egress.Policy | None = None  # None: the default, plus the insecure registries
 
     @classmethod
     def from_env(cls, insecure: Iterable[str] = (), creds: str | None = None,
                  auth_file: str | None = None) -> Access:
         names = {h.strip() for h in os.environ.get(INSECURE_ENV, "").split(",") if h.strip()}
         names |= {h.strip() for h in insecure if h.strip()}
-        return cls(frozenset(names), creds, auth_file or os.environ.get(AUTH_FILE_ENV) or None)
+        return cls(frozenset(names), creds, auth_file or os.environ.get(AUTH_FILE_ENV) or None,
+                   egress.Policy.from_env(frozenset(names)))
+
+    @property
+    def registries(self) -> egress.Policy:
+        """Where pulls may go."""
+        if self.policy is not None:
+            return self.policy
+        return egress.Policy(frozenset(h.lower() for h in self.insecure))
+
+    def named(self, ref: Reference) -> bool:
+        """Whether the operator named `ref`'s registry (its errors are then told in full)."""
+        try:
+            host, port = egress.split_host(ref.host or egress.DOCKER_HUB)
+        except egress.Refused:
+            return False
+        return self.registries.names(host, port)
 
     def is_insecure(self, ref: Reference) -> bool:
         return ref.host is not None and ref.host in self.insecure
@@ -120,16 +148,28 @@ class ImageConfig:
     cmd: list[str] = field(default_factory=list)
 
 
-def _skopeo(args: list[str], ref: Reference) -> bytes:
-    """skopeo's output, as bytes (a manifest's digest is of its exact bytes)."""
+def _skopeo(args: list[str], ref: Reference, access: Access) -> bytes:
+    """skopeo's output, as bytes (a manifest's digest is of its exact bytes). The registry
+    is checked against the access's policy first, and skopeo reaches it through the policy's
+    proxy; a registry the operator did not name fails with `UNIFORM` alone."""
+    policy = access.registries
+    try:
+        policy.check(ref.host)
+    except egress.Refused as e:
+        log.info("image %s refused: %s", ref.text, e)
+        raise ImageError(UNIFORM.format(ref=ref.text)) from None
     if shutil.which("skopeo") is None:
         raise BuildError("skopeo is not installed (apt-get install skopeo)")
-    proc = subprocess.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args],
-                          capture_output=True)
+    named = access.named(ref)
+    proc = egress.run(["skopeo", "--command-timeout", SKOPEO_TIMEOUT, *args], policy,
+                      isolate=not named)
     if proc.returncode == 0:
         return proc.stdout
     err = (proc.stderr or proc.stdout).decode(errors="replace").strip()
     msg = err.rsplit('msg="', 1)[-1].rstrip('"').replace('\\"', '"')[-1500:]
+    if not named:
+        log.info("image %s: skopeo failed: %s", ref.text, msg)
+        raise ImageError(UNIFORM.format(ref=ref.text))
     low = msg.lower()
     if any(s in low for s in NOT_FOUND):
         raise ImageNotFoundError(f"image {ref.text!r} not found in its registry (or access "
@@ -148,7 +188,7 @@ def resolve(ref: Reference, access: Access) -> Reference:
         return ref
     target = f"docker://{ref.text}"
     # The manifest (or index) as the registry serves it: its digest is the image's.
-    out = _skopeo(["inspect", "--raw", *access.flags(ref, ""), target], ref)
+    out = _skopeo(["inspect", "--raw", *access.flags(ref, ""), target], ref, access)
     return ref.at("sha256:" + hashlib.sha256(out).hexdigest())
 
 
@@ -163,7 +203,7 @@ def pull(ref: Reference, layout: Path, access: Access) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=layout.name + ".", dir=layout.parent))
     try:
         _skopeo(["copy", "--quiet", *access.flags(ref, "src"), f"docker://{ref.pinned}",
-                 f"oci:{tmp}:{TAG}"], ref)
+                 f"oci:{tmp}:{TAG}"], ref, access)
         tmp.replace(layout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

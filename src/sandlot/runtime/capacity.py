@@ -55,7 +55,7 @@ class HostReserve:
         free = free_mb(self.hot_dir)
         if free < memory_mb + self.memory_mb // 4:
             raise CapacityError(
-                f"the image cache ({self.hot_dir}) has {free} MiB free; a capture of a "
+                f"the image cache has {free} MiB free; a capture of a "
                 f"{memory_mb} MiB sandbox may need {memory_mb} MiB beyond a reserve of "
                 f"{self.memory_mb // 4} MiB; free space with `sandlot template gc` or delete "
                 "snapshots")
@@ -66,5 +66,5 @@ class HostReserve:
         free = free_mb(path)
         if free < reserve_mb:
             raise CapacityError(
-                f"{path} has {free} MiB free, under the host's reserve of {reserve_mb} MiB "
-                f"(SANDLOT_RESERVE_DISK_MB): no room for {what}")
+                f"the data directory's disk has {free} MiB free, under the host's reserve of "
+                f"{reserve_mb} MiB (SANDLOT_RESERVE_DISK_MB): no room for {what}")

@@ -73,6 +73,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     app = FastAPI(title="sandlot", version=VERSION, lifespan=lifespan)
     app.state.metrics = Metrics()
+    errors.add_host_roots(settings.data_dir, settings.images, settings.run_root,
+                          settings.shm_root, settings.store_url)
     app.add_exception_handler(SandlotError, errors.sandlot_error)
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(HTTPException, errors.http_error)

@@ -14,6 +14,7 @@ from sandlot.core.commands import ExecEvent, Output, Started
 from sandlot.core.models import CommandEvent
 from sandlot.core.service import Core
 from sandlot.errors import SandlotError
+from sandlot.server.errors import public_message
 
 
 def core(request: Request) -> Core:
@@ -57,7 +58,7 @@ async def ndjson(first: ExecEvent | None, events: AsyncIterator[ExecEvent],
             pending = None
             yield line(ev)
     except SandlotError as e:
-        error = {"type": type(e).__name__, "message": e.message or str(e)}
+        error = {"type": type(e).__name__, "message": public_message(e)}
         yield (json.dumps({"type": "error", "error": error}) + "\n").encode()
     finally:
         if pending is not None and not pending.done():

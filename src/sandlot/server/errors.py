@@ -1,17 +1,79 @@
-"""One place that turns errors into HTTP answers: ``{"error": {"type", "message"}}``."""
+"""One place that turns errors into HTTP answers: ``{"error": {"type", "message"}}``.
+
+Messages name no host path: the server's own directories (data, images, run, cache, store)
+are replaced wherever they appear, and errors of the host's side (storage, VMM, builds,
+capacity) lose every absolute path (`public_message`). An unexpected error answers its type
+only; its traceback goes to the server's log."""
 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from sandlot.errors import SandlotError
+from sandlot.errors import (
+    BuildError,
+    CapacityError,
+    HostUnavailableError,
+    SandlotError,
+    StorageError,
+    VmmError,
+    without_paths,
+)
 
 log = logging.getLogger(__name__)
+
+HOST_PATH = "<host path>"  # as sandlot.errors.without_paths writes it
+# errors raised by the host's side: any absolute path in them is the host's
+HOST_SIDE = (StorageError, BuildError, VmmError, CapacityError, HostUnavailableError)
+_roots: set[str] = set()
+_root_re: re.Pattern | None = None
+
+
+def add_host_roots(*paths: Path | str | None) -> None:
+    """Directories of this host that messages must not show (the app's settings)."""
+    global _root_re
+    for p in paths:
+        text = str(p or "").rstrip("/")
+        if text.startswith("/") and text.count("/") > 1:
+            _roots.add(text)
+    alternatives = "|".join(re.escape(r) for r in sorted(_roots, key=len, reverse=True))
+    _root_re = re.compile(rf"(?:{alternatives})(?![\w-])(?:/[^\s'\",;()\[\]{{}}]*)?"
+                          ) if _roots else None
+
+
+def _hide(m: re.Match) -> str:
+    path = m.group(0)
+    return HOST_PATH + path[len(path.rstrip(".:")):]  # a path at a sentence's end
+
+
+def redact(message: str, host_side: bool = False) -> str:
+    """`message` without this host's paths (`host_side`: without any absolute path)."""
+    if _root_re is not None:
+        message = _root_re.sub(_hide, message)
+    if host_side:
+        message = without_paths(message)
+    return message
+
+
+def public_message(exc: BaseException) -> str:
+    """What an answer may say of `exc`."""
+    if isinstance(exc, SandlotError):
+        return redact(exc.message or str(exc) or type(exc).__name__,
+                      isinstance(exc, HOST_SIDE) or type(exc) is SandlotError)
+    if isinstance(exc, HTTPException):
+        return redact(str(exc.detail))
+    return f"internal error ({type(exc).__name__}); the server's log has the details"
+
+
+HTTP_TYPES = {400: "InvalidArgumentError", 401: "AuthenticationError", 404: "NotFoundError",
+              405: "InvalidArgumentError", 413: "PayloadTooLargeError",
+              422: "InvalidArgumentError"}
 
 
 def error_body(kind: str, message: str) -> dict:
@@ -22,7 +84,7 @@ async def sandlot_error(request: Request, exc: SandlotError) -> JSONResponse:
     if exc.status >= 500:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, type(exc).__name__,
                     exc.message)
-    return JSONResponse(error_body(type(exc).__name__, exc.message or str(exc)), exc.status)
+    return JSONResponse(error_body(type(exc).__name__, public_message(exc)), exc.status)
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -35,12 +97,11 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    kind = {401: "AuthenticationError", 404: "NotFoundError", 405: "InvalidArgumentError"}.get(
-        exc.status_code, "SandlotError")
-    return JSONResponse(error_body(kind, str(exc.detail)), exc.status_code)
+    kind = HTTP_TYPES.get(exc.status_code, "SandlotError")
+    return JSONResponse(error_body(kind, public_message(exc)), exc.status_code,
+                        headers=getattr(exc, "headers", None))
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse(error_body("SandlotError", f"internal error: {type(exc).__name__}: {exc}"),
-                        500)
+    return JSONResponse(error_body("SandlotError", public_message(exc)), 500)

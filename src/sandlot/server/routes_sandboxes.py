@@ -85,7 +85,7 @@ async def list_sandboxes(request: Request, metadata: str | None = None, all: boo
             wanted = json.loads(metadata)
             if not isinstance(wanted, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             raise InvalidArgumentError("metadata must be a JSON object of strings") from None
         wanted = {str(k): str(v) for k, v in wanted.items()}
     states = tuple(state) if state else None

@@ -25,8 +25,9 @@ from sandlot.errors import (
 from sandlot.server.auth import bearer_key, who
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
-from sandlot.server.e2b.errors import Unsupported, api_error
+from sandlot.server.e2b.errors import Unsupported, WrongMethod, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
+from sandlot.server.errors import public_message
 from sandlot.server.forward import forwarded
 
 PREFIX = "/e2b"
@@ -173,9 +174,10 @@ def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict
     if limit is not None and limit < 1:
         raise InvalidArgumentError("limit must be at least 1")
     size = min(limit or MAX_PAGE, MAX_PAGE)
-    start = int(token) if token and token.isdigit() else 0
-    if token and not token.isdigit():
-        raise InvalidArgumentError(f"invalid nextToken {token!r}")
+    valid = bool(token) and token.isascii() and token.isdigit() and len(token) <= 12
+    if token and not valid:
+        raise InvalidArgumentError(f"invalid nextToken {token[:64]!r}")
+    start = int(token) if valid else 0
     page = items[start:start + size]
     headers = {"x-next-token": str(start + size)} if start + size < len(items) else {}
     return page, headers
@@ -297,7 +299,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
         if isinstance(r, SandboxRecord):
             out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
         else:
-            out.append({"error": {"code": r.status, "message": r.message or str(r)}})
+            out.append({"error": {"code": r.status, "message": public_message(r)}})
     return JSONResponse(out, 201)
 
 
@@ -381,5 +383,11 @@ async def unsupported(rest: str, request: Request) -> Response:
     for marker, message in UNSUPPORTED:
         if marker in path:
             raise Unsupported(message)
+    allowed = sorted({m for route in router.routes if isinstance(route, APIRoute)
+                      and "{rest" not in route.path and route.path_regex.match(PREFIX + path)
+                      for m in route.methods})
+    if allowed:
+        raise WrongMethod(f"{request.method} is not allowed on {path}; use "
+                          f"{' or '.join(allowed)}")
     raise Unsupported(f"sandlot does not serve {request.method} {path} of the E2B API; "
                       f"{SUPPORTED}")

@@ -82,7 +82,7 @@ def timeout_s(request: Request) -> float | None:
 def _parse(data: bytes) -> dict:
     try:
         msg = json.loads(data or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise InvalidArgumentError("the request message is not valid JSON") from None
     if not isinstance(msg, dict):
         raise InvalidArgumentError("the request message must be a JSON object")

@@ -11,6 +11,8 @@ Errors of the e2b layer itself sit next to sandlot's tree:
     SandlotError
     ├── Unsupported          501  an E2B call sandlot does not serve (the message says what does)
     ├── OutputOverflow       429  a client left too much command output unread
+    ├── WrongMethod          405  a path sandlot serves, with another method (an
+    │                              InvalidArgumentError)
     └── SandboxNotRunning    502  an envd call for a sandbox that is not running; E2B's proxy
                                    answers this with "... was not found", which the SDK turns
                                    into SandboxNotRunningException
@@ -24,17 +26,21 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from sandlot.errors import (
     AuthenticationError,
+    CapacityError,
     CommandTimeoutError,
     ConflictError,
+    HostUnavailableError,
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
     SandboxError,
     SandlotError,
 )
+from sandlot.server.errors import public_message
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,12 @@ class Unsupported(SandlotError):
     """An E2B call sandlot does not serve; the message names what sandlot offers instead."""
 
     status = 501
+
+
+class WrongMethod(InvalidArgumentError):
+    """A path sandlot serves, called with a method it does not serve it with."""
+
+    status = 405
 
 
 class OutputOverflow(SandlotError):
@@ -69,6 +81,8 @@ CONNECT_CODES: dict[type[SandlotError], str] = {
     InvalidStateError: "failed_precondition",
     CommandTimeoutError: "deadline_exceeded",
     SandboxError: "unavailable",
+    CapacityError: "unavailable",
+    HostUnavailableError: "unavailable",
     SandboxNotRunning: "unavailable",
     Unsupported: "unimplemented",
     OutputOverflow: "resource_exhausted",
@@ -84,15 +98,13 @@ CONNECT_STATUS: dict[str, int] = {
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, SandlotError):
-        return exc.message or str(exc) or type(exc).__name__
     if isinstance(exc, RequestValidationError | ValidationError):
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
         return "; ".join(parts) or "invalid request"
-    return f"internal error: {type(exc).__name__}: {exc}"
+    return public_message(exc)
 
 
 def http_status(exc: BaseException) -> int:
@@ -100,12 +112,17 @@ def http_status(exc: BaseException) -> int:
         return exc.status
     if isinstance(exc, RequestValidationError | ValidationError):
         return 400
+    if isinstance(exc, HTTPException) and exc.status_code < 500:
+        return exc.status_code
     return 500
 
 
 def connect_code(exc: BaseException) -> str:
     if isinstance(exc, RequestValidationError | ValidationError):
         return "invalid_argument"
+    if isinstance(exc, HTTPException) and exc.status_code < 500:
+        return {401: "unauthenticated", 404: "not_found"}.get(exc.status_code,
+                                                              "invalid_argument")
     for cls in type(exc).__mro__:
         if cls in CONNECT_CODES:
             return CONNECT_CODES[cls]

@@ -94,7 +94,8 @@ class Lifecycle:
                 template_id if template_id.startswith("snap-") else snapshot_name(template_id),
                 who)
         except NotFoundError:
-            raise NotFoundError(f"template or snapshot {template_id!r} not found") from None
+            raise NotFoundError(
+                f"template or snapshot {template_id[:64]!r} not found") from None
         snap = await self.wait_ready(snap.snapshot_id, who)
         return CreateSandbox(snapshot_id=snap.snapshot_id)
 
