@@ -142,6 +142,19 @@ export function restoreRequest(options: RestoreOptions): Schemas["RestoreBody"] 
   };
 }
 
+function forkList(api: Api, data: Schemas["ForkResult"] | undefined): ForkList {
+  const children = (data?.sandboxes ?? []).map((raw) => new Sandbox(api, toSandboxInfo(raw)));
+  const errors = [...(data?.errors ?? [])]
+    .sort((a, b) => a.index - b.index)
+    .map((item) => {
+      const error = errorFromPayload(item.error);
+      error.message = `fork child ${item.index}: ${error.message}`;
+      return error;
+    });
+  if (errors.length > 0 && children.length === 0) throw errors[0];
+  return ForkList.of_(children, errors, data?.pause_ms ?? null);
+}
+
 /** @internal */
 export function snapshotRef(snapshot: Snapshot | SnapshotInfo | string): string {
   const ref = typeof snapshot === "string" ? snapshot : snapshot?.snapshotId;
@@ -389,16 +402,7 @@ export class Sandbox {
       path: `/v1/sandboxes/${seg(this.sandboxId)}/fork`,
       json: { count } satisfies Schemas["ForkBody"],
     });
-    const children = (data?.sandboxes ?? []).map((raw) => new Sandbox(this.api, toSandboxInfo(raw)));
-    const errors = [...(data?.errors ?? [])]
-      .sort((a, b) => a.index - b.index)
-      .map((item) => {
-        const error = errorFromPayload(item.error);
-        error.message = `fork child ${item.index}: ${error.message}`;
-        return error;
-      });
-    if (errors.length > 0 && children.length === 0) throw errors[0];
-    return ForkList.of_(children, errors, data?.pause_ms ?? null);
+    return forkList(this.api, data);
   }
 
   /**
@@ -552,6 +556,29 @@ export class Snapshot {
   /** Start a new sandbox from this snapshot, overriding some of its settings. */
   async restoreWith(options: RestoreOptions = {}): Promise<Sandbox> {
     return restoreSnapshot(this.api, this.snapshotId, options);
+  }
+
+  /**
+   * Start `count` (default 1) independent sandboxes from this snapshot at once, no running
+   * parent needed (in a deployment, spread over the hosts with room), each with the settings
+   * given. Each child succeeds or fails on its own: the list holds those that started and its
+   * `errors` the failures. If every child failed, the first error is thrown.
+   *
+   * ```ts
+   * const children = await snap.fork(8, { env: { TRIAL: "1" } });
+   * ```
+   */
+  async fork(count = 1, options: Omit<RestoreOptions, "name"> = {}): Promise<ForkList> {
+    if (!Number.isInteger(count) || count < 1) {
+      throw new InvalidArgumentError(`count must be a positive integer, got ${String(count)}`);
+    }
+    const { name: _name, ...body } = restoreRequest(options);
+    const data = await this.api.call<Schemas["ForkResult"]>({
+      method: "POST",
+      path: `/v1/snapshots/${seg(this.snapshotId)}/fork`,
+      json: { ...body, count } satisfies Schemas["SnapshotForkBody"],
+    });
+    return forkList(this.api, data);
   }
 
   /** Give the snapshot `name` (it survives its sandbox under it); returns this. @throws {ConflictError} if taken. */

@@ -600,7 +600,10 @@ def sandbox_resume(client: Sandlot, sandbox_id: str, timeout: int | None, reboot
 @_with_client
 def sandbox_fork(client: Sandlot, sandbox_id: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a running sandbox. Exits 1 if any child failed."""
-    children = client.sandboxes.connect(sandbox_id).fork(count)
+    _show_fork(client.sandboxes.connect(sandbox_id).fork(count), as_json)
+
+
+def _show_fork(children: Any, as_json: bool) -> None:
     _show([child.info for child in children], _SANDBOX_COLUMNS, as_json)
     for error in children.errors:
         _fail(error.message)
@@ -688,6 +691,21 @@ def snapshot_restore(client: Sandlot, id_or_name: str, memory_mb: int | None,
     sbx = client.snapshots.restore(None, id_or_name, memory_mb=memory_mb, cpus=cpus,
                                    env=env or None, timeout=timeout, metadata=metadata or None)
     _show(sbx.info, _SANDBOX_COLUMNS, as_json)
+
+
+@snapshot.command("fork")
+@click.argument("id_or_name")
+@click.option("--count", type=int, default=1, show_default=True, help="Sandboxes to start.")
+@click.option("--timeout", type=int, help="Seconds until each new sandbox is killed.")
+@_env_option
+@_json_option
+@_with_client
+def snapshot_fork(client: Sandlot, id_or_name: str, count: int, timeout: int | None,
+                  env: dict[str, str], as_json: bool) -> None:
+    """Start COUNT sandboxes from a snapshot at once (no running parent needed). Exits 1 if
+    any failed."""
+    _show_fork(client.snapshots.get(id_or_name).fork(count, timeout=timeout, env=env or None),
+               as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -108,3 +108,65 @@ async def test_creates_and_resumes_go_where_placement_puts_them(deployment):
     r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
     assert r.status_code == 200 and r.json()["host"] == "p2"
     assert peers.calls[-1][:3] == ("resume", "p2", sid)
+
+
+async def test_a_stored_snapshot_forks_into_children_without_a_parent(deployment, monkeypatch):
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    sid = (await client.post("/v1/sandboxes", json={"env": {"A": "1"}})).json()["sandbox_id"]
+    await client.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/s"}, content=b"state")
+    snap = (await client.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "base-env"})
+            ).json()["snapshot_id"]
+    await client.post(f"/v1/snapshots/{snap}/wait")
+    assert (await client.delete(f"/v1/sandboxes/{sid}")).status_code == 204  # no parent
+    # one host: all children here, each with the overrides, each its own
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: False))
+    r = await client.post("/v1/snapshots/base-env/fork",
+                          json={"count": 3, "env": {"B": "2"}, "timeout": 77})
+    assert r.status_code == 200, r.text
+    kids = r.json()["sandboxes"]
+    assert len(kids) == 3 and r.json()["errors"] == []
+    assert {k["snapshot_id"] for k in kids} == {snap} and {k["timeout"] for k in kids} == {77}
+    assert all(k["env"] == {"A": "1", "B": "2"} for k in kids)
+    for k in kids:
+        r = await client.get(f"/v1/sandboxes/{k['sandbox_id']}/files", params={"path": "/tmp/s"})
+        assert r.content == b"state"
+    # a deployment: spread over the hosts with room, a full one's child goes to the next
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
+    order[:] = [host("p1", 1), host("p2", 2), host(core.host_id, 1)]
+    peers.full = {"p1"}
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 3})
+    assert len(r.json()["sandboxes"]) == 3, r.text
+    asked = [c[1] for c in peers.calls if c[0] == "create"]
+    assert asked.count("p2") == 3 and "p1" in asked  # p1 said no: its child went on
+    # another tenant's snapshot cannot be forked; bad counts are refused
+    other = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 1},
+                              headers={"authorization": "Bearer " + await _key(core, "b")})
+    assert other.status_code == 404
+    assert (await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 0})).status_code \
+        == 400
+
+
+async def _key(core, tenant: str) -> str:
+    key = "sl_test_" + tenant * 8
+    await core.db.add_key(key, tenant)
+    return key
+
+
+async def test_a_paused_sandbox_forks_from_its_paused_state(deployment, monkeypatch):
+    core, client, peers, order = deployment
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: False))
+    sid = (await client.post("/v1/sandboxes", json={"metadata": {"m": "1"}})).json()[
+        "sandbox_id"]
+    await client.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/s"}, content=b"p")
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    r = await client.post(f"/e2b/sandboxes/{sid}/fork", json={"count": 2})  # E2B says 409
+    assert r.status_code == 201, r.text
+    kids = [c["sandbox"]["sandboxID"] for c in r.json()]
+    assert len(kids) == 2
+    for kid in kids:
+        info = (await client.get(f"/v1/sandboxes/{kid}")).json()
+        assert info["forked_from"] == sid and info["metadata"] == {"m": "1"}
+        r = await client.get(f"/v1/sandboxes/{kid}/files", params={"path": "/tmp/s"})
+        assert r.content == b"p"
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"

@@ -81,6 +81,20 @@ def test_create_from_snapshot_sends_no_template(client: Sandlot, sbx: Sandbox,
         client.sandboxes.create(snapshot_id="snap-1")
 
 
+def test_a_snapshot_forks_into_sandboxes(client: Sandlot, sbx: Sandbox, fast: Fast) -> None:
+    sbx.files.write("/tmp/s", "kept")
+    snap = sbx.create_snapshot().wait()
+    sbx.kill()
+    kids = snap.fork(2, env={"K": "v"}, timeout=60)
+    assert len(kids) == 2 and kids.errors == []
+    assert json.loads(fast.requests[-1].content) == {"count": 2, "env": {"K": "v"},
+                                                      "timeout": 60}
+    assert {k.files.read("/tmp/s") for k in kids} == {"kept"}
+    assert {k.info.env.get("K") for k in kids} == {"v"}
+    with pytest.raises(InvalidArgumentError):
+        snap.fork(0)
+
+
 def test_context_manager_kills(client: Sandlot, fast: Fast) -> None:
     with client.sandboxes.create() as sbx:
         assert sbx.is_running()

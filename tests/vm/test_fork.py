@@ -151,6 +151,29 @@ def test_fork_errors(parent, reap):
     assert ask(parent.sbx) == parent.answer
 
 
+def test_a_stored_snapshot_forks_with_no_running_parent(parent, reap):
+    """A snapshot whose sandbox is gone forks into independent children in one call, each
+    resuming the process the snapshot holds; a paused sandbox forks from its paused state."""
+    child = reap(parent.sbx.fork()[0])
+    child.files.write("/root/stored.txt", "stored")
+    snap = child.create_snapshot().wait()
+    child.kill()
+    kids = [reap(k) for k in snap.fork(3, env={"KID": "1"})]
+    assert len(kids) == 3
+    assert {k.files.read("/root/stored.txt") for k in kids} == {"stored"}
+    assert {ask(k).memory for k in kids} == {parent.answer.memory}  # the process runs on
+    assert_fresh(kids, [parent.sbx])
+    kids[0].files.write("/root/stored.txt", "changed")
+    assert kids[1].files.read("/root/stored.txt") == "stored"
+    snap.remove()
+    paused = reap(parent.sbx.fork()[0])
+    paused.pause()
+    from_pause = [reap(k) for k in paused.fork(2)]
+    assert {k.info.forked_from for k in from_pause} == {paused.sandbox_id}
+    assert {ask(k).memory for k in from_pause} == {parent.answer.memory}
+    assert paused.get_info().state == "paused"
+
+
 def test_restores_reseed_rng_and_set_a_new_generation(parent, old_snapshot, reap):
     snap, _ = old_snapshot
     first = reap(snap.restore())

@@ -495,6 +495,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/snapshots/{id_or_name}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork Snapshot
+         * @description `count` independent sandboxes from a ready snapshot, no running parent needed, on the
+         *     hosts with room (each with the overrides given); each succeeds or fails alone.
+         */
+        post: operations["fork_snapshot_v1_snapshots__id_or_name__fork_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -1129,6 +1150,50 @@ export interface components {
              */
             memory: boolean;
         };
+        /** SnapshotForkBody */
+        SnapshotForkBody: {
+            /** Memory Mb */
+            memory_mb?: number | null;
+            /** Cpus */
+            cpus?: number | null;
+            /** Env */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /** Timeout */
+            timeout?: number | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Internet
+             * @default true
+             */
+            internet: boolean;
+            network?: components["schemas"]["NetworkSpec"] | null;
+            /**
+             * On Timeout
+             * @default kill
+             * @enum {string}
+             */
+            on_timeout: "kill" | "pause";
+            /**
+             * Pause Memory
+             * @default true
+             */
+            pause_memory: boolean;
+            /**
+             * Auto Resume
+             * @default false
+             */
+            auto_resume: boolean;
+            /**
+             * Count
+             * @default 1
+             */
+            count: number;
+        };
         /**
          * SnapshotKind
          * @enum {string}
@@ -1245,6 +1310,8 @@ export interface components {
             entrypoint?: string[];
             /** Cmd */
             cmd?: string[];
+            /** Owner */
+            owner?: string | null;
         };
         /** TemplateList */
         TemplateList: {
@@ -2433,6 +2500,41 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SandboxRecord"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    fork_snapshot_v1_snapshots__id_or_name__fork_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id_or_name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["SnapshotForkBody"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResult"];
                 };
             };
             /** @description Validation Error */

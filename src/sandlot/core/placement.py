@@ -14,11 +14,17 @@ import logging
 from typing import Protocol
 
 from sandlot.core.hosts import HostInfo, Hosts, HostState, Need
-from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState, SnapshotState
-from sandlot.core.sandboxes import Forked, SandboxManager
+from sandlot.core.models import (
+    CreateSandbox,
+    SandboxOverrides,
+    SandboxRecord,
+    SandboxState,
+    SnapshotState,
+)
+from sandlot.core.sandboxes import MAX_FORK, Forked, SandboxManager
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.tenancy import Principal
-from sandlot.errors import CapacityError, SandlotError, StorageError
+from sandlot.errors import CapacityError, InvalidArgumentError, SandlotError, StorageError
 
 log = logging.getLogger(__name__)
 DEFAULT_MEMORY_MB = 512
@@ -88,7 +94,19 @@ class Placement:
     async def fork(self, sandbox_id: str, count: int, who: Principal,
                    timeout: int | None = None) -> Forked:
         """`count` children of the sandbox, of `who`'s tenant (with the parent's timeout, or
-        `timeout`): on its host as far as it has room, the rest on other hosts."""
+        `timeout`): on its host as far as it has room, the rest on other hosts. A paused
+        sandbox forks from its paused state, wherever there is room."""
+        if not self.sandboxes.is_running(sandbox_id, who):
+            parent = await self.sandboxes.get(sandbox_id, who)
+            if parent.state == SandboxState.PAUSED and parent.paused_snapshot:
+                overrides = SandboxOverrides(
+                    memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
+                    metadata=parent.metadata, internet=parent.internet,
+                    network=parent.network, on_timeout=parent.on_timeout,
+                    pause_memory=parent.pause_memory, auto_resume=parent.auto_resume,
+                    timeout=parent.timeout if timeout is None else timeout)
+                return await self.fork_snapshot(parent.paused_snapshot, count, who, overrides,
+                                                forked_from=sandbox_id)
         here = self._children_here(count)
         if here == count:
             return await self.sandboxes.fork(sandbox_id, count, who=who, timeout=timeout)
@@ -99,6 +117,58 @@ class Placement:
             children, pause_ms = list(forked.children), forked.pause_ms
         children += await self._spread(sandbox_id, count - here, who, timeout)
         return Forked(children, pause_ms)
+
+    async def fork_snapshot(self, id_or_name: str, count: int, who: Principal,
+                            overrides: SandboxOverrides | None = None,
+                            forked_from: str | None = None) -> Forked:
+        """`count` new sandboxes of `who`'s from a ready snapshot, no running parent needed:
+        spread over the hosts with room (each starts where the snapshot is cached first),
+        each with `overrides`; each succeeds or fails alone. `forked_from`: the paused
+        sandbox whose state the snapshot is."""
+        if not 1 <= count <= MAX_FORK:
+            raise InvalidArgumentError(f"count must be between 1 and {MAX_FORK}")
+        source = await self.snapshots.source(id_or_name, who)  # ready, and `who`'s
+        fields = (overrides or SandboxOverrides()).model_dump(exclude_unset=True)
+        req = CreateSandbox(**fields, snapshot_id=source.snapshot_id)
+        if not self._placing(False):
+            hosts: list[HostInfo] = []
+            plan = [0] * count
+        else:
+            need = Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
+                        image_key=source.snapshot_id)
+            try:
+                hosts = await self.hosts.place(need)
+            except CapacityError as e:
+                return Forked([e] * count, 0.0)
+            plan = spread(hosts, count)
+
+        async def child(first: int) -> SandboxRecord | SandlotError:
+            if not hosts:
+                return await self._local(req, who, forked_from)
+            last: SandlotError = CapacityError("no host has room for the sandbox")
+            for host in hosts[first:] + hosts[:first]:  # its own host first, then others
+                try:
+                    if host.id == self.hosts.id:
+                        result = await self._local(req, who, forked_from)
+                        if isinstance(result, CapacityError):
+                            last = result
+                            continue
+                        return result
+                    return await self.peers.create(host, req, who, forked_from)
+                except CapacityError as e:
+                    last = e
+                except SandlotError as e:
+                    return e
+            return last
+
+        return Forked(list(await asyncio.gather(*(child(i) for i in plan))), 0.0)
+
+    async def _local(self, req: CreateSandbox, who: Principal, forked_from: str | None
+                     ) -> SandboxRecord | SandlotError:
+        try:
+            return await self.sandboxes.create(req, forked_from, who=who)
+        except SandlotError as e:
+            return e
 
     def _children_here(self, count: int) -> int:
         if not self._placing(False):

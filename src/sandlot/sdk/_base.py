@@ -337,6 +337,18 @@ def restore_snapshot(name_or_id: str, *, name: str | None = None, memory_mb: int
     })
 
 
+def fork_snapshot(name_or_id: str, count: int, *, memory_mb: int | None = None,
+                  cpus: int | None = None, env: dict[str, str] | None = None,
+                  timeout: int | None = None, metadata: dict[str, str] | None = None
+                  ) -> Request:
+    if not isinstance(count, int) or count < 1:
+        raise InvalidArgumentError(f"count must be a positive integer, got {count!r}")
+    body = {"count": count, "memory_mb": memory_mb, "cpus": cpus, "env": _str_dict(env, "env"),
+            "timeout": timeout, "metadata": _str_dict(metadata, "metadata")}
+    return Request("POST", _snap(name_or_id) + "/fork",
+                   json={k: v for k, v in body.items() if v is not None})
+
+
 def list_templates() -> Request:
     return Request("GET", "/v1/templates")
 

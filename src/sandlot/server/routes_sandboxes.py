@@ -14,10 +14,12 @@ from sandlot.core.models import (
     SandboxState,
     SnapshotRecord,
 )
+from sandlot.core.sandboxes import Forked
 from sandlot.core.usage import SandboxMetric
 from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.auth import who
 from sandlot.server.deps import core
+from sandlot.server.errors import public_message
 from sandlot.server.forward import forwarded, forwarded_from
 from sandlot.server.metrics import timed
 
@@ -116,9 +118,15 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, request: Request) -> For
     that do not fit on its host start on others."""
     with timed(request, "fork"):
         forked = await core(request).placement.fork(sandbox_id, body.count, who(request))
+    return fork_result(forked)
+
+
+def fork_result(forked: Forked) -> ForkResult:
+    """A fork's answer: the children that run, and the error of each that did not start."""
     results = forked.children
     ok = [r for r in results if isinstance(r, SandboxRecord)]
-    errors = [ForkError(index=i, error={"type": type(r).__name__, "message": str(r)})
+    errors = [ForkError(index=i, error={"type": type(r).__name__,
+                                        "message": public_message(r)})
               for i, r in enumerate(results) if isinstance(r, SandlotError)]
     return ForkResult(sandboxes=ok, errors=errors, pause_ms=round(forked.pause_ms, 2))
 

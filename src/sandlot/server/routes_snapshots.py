@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from sandlot.core.models import (
     CreateSandbox,
@@ -16,6 +16,7 @@ from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.forward import forwarded
 from sandlot.server.metrics import timed
+from sandlot.server.routes_sandboxes import ForkResult, fork_result
 
 router = APIRouter(tags=["snapshots"])
 
@@ -77,6 +78,23 @@ async def restore_snapshot(id_or_name: str, request: Request,
     with timed(request, "restore"):
         return await core(request).placement.create(req, who(request),
                                                     placed=forwarded(request.scope))
+
+
+class SnapshotForkBody(SandboxOverrides):
+    count: int = Field(1, ge=1, le=64)
+
+
+@router.post("/v1/snapshots/{id_or_name}/fork", response_model=ForkResult)
+async def fork_snapshot(id_or_name: str, request: Request,
+                        body: SnapshotForkBody | None = None) -> ForkResult:
+    """`count` independent sandboxes from a ready snapshot, no running parent needed, on the
+    hosts with room (each with the overrides given); each succeeds or fails alone."""
+    body = body or SnapshotForkBody()
+    overrides = SandboxOverrides(**body.model_dump(exclude={"count"}, exclude_unset=True))
+    with timed(request, "fork"):
+        forked = await core(request).placement.fork_snapshot(id_or_name, body.count,
+                                                             who(request), overrides)
+    return fork_result(forked)
 
 
 @router.get("/v1/templates", response_model=TemplateList)

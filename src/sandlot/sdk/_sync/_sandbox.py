@@ -350,6 +350,25 @@ class Snapshot:
         data = self._api.call(req)
         return Sandbox(self._api, SandboxInfo.model_validate(data), owns_api=False)
 
+    def fork(self, count: int = 1, *, memory_mb: int | None = None,
+             cpus: int | None = None, env: dict[str, str] | None = None,
+             timeout: int | None = None, metadata: dict[str, str] | None = None
+             ) -> ForkList:
+        """Start `count` independent sandboxes from this snapshot at once, no running parent
+        needed (in a deployment, spread over the hosts with room), each with the settings
+        given (as `restore_with`).
+
+        Each child succeeds or fails on its own: the list holds the children that started and
+        its `errors` attribute the failures. If every child failed, the first error is raised.
+        """
+        data = self._api.call(_base.fork_snapshot(
+            self.snapshot_id, count, memory_mb=memory_mb, cpus=cpus, env=env,
+            timeout=timeout, metadata=metadata))
+        infos, errors = _base.parse_fork(data)
+        _base.check_fork(infos, errors)
+        return ForkList([Sandbox(self._api, info, owns_api=False) for info in infos],
+                        errors, 0.0)
+
     def save_named(self, name: str) -> Snapshot:
         """Give the snapshot `name` (raises `ConflictError` if taken); returns self."""
         self._info = SnapshotInfo.model_validate(
