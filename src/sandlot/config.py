@@ -108,6 +108,7 @@ class Settings:
     run_root: Path = Path("/run/sandlot")
     shm_root: Path = Path("/dev/shm/sandlot")
     accel: str = field(default_factory=detect_accel)
+    cpu_model: str | None = None  # SANDLOT_CPU_MODEL: the guests' CPU model (vmm/cpu.py)
     default_timeout: int = 300
     max_timeout: int = 24 * 3600
     reap_interval: float = 1.0
@@ -144,7 +145,8 @@ class Settings:
         shm_root = Path("/dev/shm/sandlot" + (f"-{tag}" if tag else ""))
         store = os.environ.get("SANDLOT_STORE") or os.environ.get("SANDLOT_STORE_DIR")
         pool = os.environ.get("SANDLOT_POOL_TEMPLATES", "base")
-        return cls(data_dir=data, images_dir=Path(images) if images else None,
+        return cls(data_dir=data, cpu_model=os.environ.get("SANDLOT_CPU_MODEL") or None,
+                   images_dir=Path(images) if images else None,
                    store=store or None, run_root=run_root,
                    shm_root=shm_root, pool_size=_int_env("SANDLOT_POOL_SIZE", 2),
                    pool_templates=tuple(n.strip() for n in pool.split(",") if n.strip()),

@@ -27,6 +27,7 @@ from sandlot.guest.client import (
 )
 from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
+from sandlot.vmm.cpu import HostCpu, choose_model
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.network import NetworkPolicy
 from sandlot.vmm.qemu import QemuInfo
@@ -168,9 +169,13 @@ class Runtime(abc.ABC):
     def host_machine(self) -> tuple[QemuInfo, str]:
         """This host's QEMU and the device model its VMs have."""
 
+    def host_cpu(self) -> HostCpu:
+        """The CPU this host's guests get (vmm/cpu.py)."""
+        return HostCpu(choose_model(self.accel, None))
+
     def check_loadable(self, machine: MachineDescription) -> None:
         """Raise InvalidStateError saying why this host cannot restore such an image."""
-        problems = machine.problems(*self.host_machine(), self.accel)
+        problems = machine.problems(*self.host_machine(), self.accel, self.host_cpu())
         if problems:
             raise InvalidStateError("; ".join(problems))
 

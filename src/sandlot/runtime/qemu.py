@@ -59,6 +59,7 @@ from sandlot.runtime.usage import vm_usage
 from sandlot.storage.chunks import DigestMemo
 from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
+from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.disk import DiskChain, backing_file
 from sandlot.vmm.jail import (
@@ -140,17 +141,19 @@ def _jail_helper(images: Path) -> Path | None:
         return None
 
 
-def describe(spec: MachineSpec, cpus: int) -> MachineDescription:
-    """The machine `spec` runs, as a snapshot of it records it."""
+def describe(spec: MachineSpec, cpus: int, cpu: HostCpu) -> MachineDescription:
+    """The machine `spec` runs on this host's `cpu`, as a snapshot of it records it."""
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
                               device_model=DEVICE_MODEL, accel=spec.accel, base_mb=spec.base_mb,
-                              dimm_mb=spec.dimm_mb, cpus=cpus)
+                              dimm_mb=spec.dimm_mb, cpus=cpus, cpu_model=cpu.model,
+                              cpu_features=cpu.recorded_features())
 
 
 class QemuRuntime(Runtime):
     def __init__(self, settings: Settings, network: Networking | None = None) -> None:
         self.settings = settings
         self.accel = settings.accel
+        self.cpu = HostCpu.detect(settings.accel, settings.cpu_model)
         self.network = network
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())
@@ -186,6 +189,9 @@ class QemuRuntime(Runtime):
 
     def host_machine(self) -> tuple[QemuInfo, str]:
         return qemu_info(), DEVICE_MODEL
+
+    def host_cpu(self) -> HostCpu:
+        return self.cpu
 
     # ---- bringing VMs up ------------------------------------------------------------------
 
@@ -284,6 +290,7 @@ class QemuRuntime(Runtime):
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=image.machine.machine_type,
                     base_mb=image.machine.base_mb, cpus=image.machine.cpus, accel=self.accel,
+                    cpu_model=self.cpu.model,
                     ram_path=hot["ram"], ram_share=False,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 if net is not None:
@@ -373,7 +380,8 @@ class QemuRuntime(Runtime):
                 spec = MachineSpec(
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=qemu_info().default_q35,
-                    base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel, jail=jail)
+                    base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel,
+                    cpu_model=self.cpu.model, jail=jail)
                 if net is not None:
                     spec = spec.with_(netdev=net.qemu_netdev()[-1])
                     if jail is not None:
@@ -432,7 +440,8 @@ class QemuRuntime(Runtime):
         spec = MachineSpec(run_dir=run_dir, kernel=build_dir / "vmlinuz",
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
                            machine_type=qemu_info().default_q35, base_mb=plan.memory_mb,
-                           cpus=plan.cpus, accel=self.accel, jail=jail)
+                           cpus=plan.cpus, accel=self.accel,
+                    cpu_model=self.cpu.model, jail=jail)
         try:
             await disks.create()
             machine = await Machine.launch(spec)
@@ -453,7 +462,7 @@ class QemuRuntime(Runtime):
             if isinstance(e, GuestError):
                 raise VmmError(f"guest did not come up: {console}") from None
             raise
-        image = Image(key=f"boot-{build}", build=build, machine=describe(spec, plan.cpus))
+        image = Image(key=f"boot-{build}", build=build, machine=describe(spec, plan.cpus, self.cpu))
         return QemuVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
                       machine=machine, agent=agent, disks=disks, run_dir=run_dir)
 
@@ -594,7 +603,7 @@ class QemuRuntime(Runtime):
                                                       for name, pages in since[1].items()}))
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self._compact_locked(vm))
-        machine = describe(vm.machine.spec, vm.cpus)
+        machine = describe(vm.machine.spec, vm.cpus, self.cpu)
         image = Image(key=key, build=vm.image.build, persistent=persistent,
                       machine=machine if memory else replace(machine, memory=False))
         return Captured(image=image, pause_ms=pause_ms,

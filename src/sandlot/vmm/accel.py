@@ -28,7 +28,9 @@ def detect_accel() -> str:
     return "tcg"
 
 
-def accel_args(accel: str) -> list[str]:
+def accel_args(accel: str, cpu_model: str = "") -> list[str]:
+    """The accelerator and CPU model arguments (`cpu_model` "": the accelerator's default,
+    vmm/cpu.py)."""
     if accel == "kvm":
-        return ["-accel", "kvm", "-cpu", "host"]
-    return ["-accel", "tcg,thread=multi,tb-size=64", "-cpu", "max"]
+        return ["-accel", "kvm", "-cpu", cpu_model or "host"]
+    return ["-accel", "tcg,thread=multi,tb-size=64", "-cpu", cpu_model or "max"]

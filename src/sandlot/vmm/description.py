@@ -21,9 +21,10 @@ from typing import Any
 
 from sandlot.errors import InvalidStateError
 from sandlot.guest.protocol import PROTO_VERSION
+from sandlot.vmm.cpu import HostCpu, choose_model
 from sandlot.vmm.qemu import QemuInfo
 
-FORMAT = "1.1"  # major.minor of this record
+FORMAT = "1.2"  # major.minor of this record (1.2: the CPU model)
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -46,6 +47,10 @@ class MachineDescription:
     guest_proto: int = PROTO_VERSION
     format: str = FORMAT
     memory: bool = True  # False: filesystem only (booted from its disk on restore)
+    # the guest's CPU model ("": the accelerator's default, as before 1.2) and, for `host`,
+    # the features its guest saw (vmm/cpu.py)
+    cpu_model: str = ""
+    cpu_features: tuple[str, ...] = ()
 
     @property
     def memory_mb(self) -> int:
@@ -66,13 +71,17 @@ class MachineDescription:
             raise InvalidStateError(f"the snapshot's machine record has format {fmt}; this "
                                     f"sandlot reads {mine[0]}.0 to {FORMAT}")
         known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["cpu_features"] = tuple(data.get("cpu_features") or ())
         try:
-            return cls(**{k: v for k, v in data.items() if k in known})
+            return cls(**data)
         except TypeError as e:
             raise InvalidStateError(f"the snapshot's machine record is incomplete: {e}") from e
 
-    def problems(self, host: QemuInfo, device_model: str, accel: str) -> list[str]:
-        """Why this host cannot load it (empty: it can)."""
+    def problems(self, host: QemuInfo, device_model: str, accel: str,
+                 cpu: HostCpu | None = None) -> list[str]:
+        """Why this host cannot load it (empty: it can); `cpu`: this host's (default: the
+        accelerator's default model)."""
         out = []
         if not self.memory:  # booted from its disk: only the guest inside must match
             return self._guest_problems()
@@ -84,6 +93,10 @@ class MachineDescription:
                        f"runs model {device_model}")
         if self.accel != accel:
             out.append(f"it was taken under {self.accel}, this server runs {accel}")
+        else:
+            cpu = cpu or HostCpu(choose_model(accel, None))
+            out += cpu.problems(self.cpu_model or choose_model(self.accel, None),
+                                self.cpu_features)
         return out + self._guest_problems()
 
     def _guest_problems(self) -> list[str]:

@@ -74,6 +74,7 @@ class MachineSpec:
     base_mb: int = 512  # the main RAM backend
     cpus: int = 1  # online in the guest; QEMU always has MAX_CPUS
     accel: str = "tcg"
+    cpu_model: str = ""  # "": the accelerator's default (vmm/cpu.py)
     ram_path: Path | None = None  # None: anonymous RAM (cold boot)
     ram_share: bool = False
     dimm_mb: int = 0  # hotplugged memory: one pc-dimm
@@ -137,7 +138,7 @@ class MachineSpec:
             QEMU, "-nodefaults", "-no-user-config", "-nographic",
             "-machine", f"{self.machine_type},memory-backend=mem,vmport=off,smbus=off,sata=off,"
             "usb=off",
-            *accel_args(self.accel),
+            *accel_args(self.accel, self.cpu_model),
             # Every VM has MAX_CPUS vCPUs; the guest boots with one online (maxcpus=1) and the
             # agent onlines `cpus` of them. No CPU hotplug: snapshots load anywhere.
             "-smp", f"{MAX_CPUS},maxcpus={MAX_CPUS}",
