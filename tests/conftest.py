@@ -50,10 +50,38 @@ def server(tmp_path_factory, registry) -> Iterator[Server]:
     srv = make_server(tmp_path_factory.mktemp("sandlot"), "main")
     srv.extra_env.update(registry.env)
     srv.start()
-    os.environ["SANDLOT_URL"] = srv.url
-    os.environ["SANDLOT_API_KEY"] = srv.key
+    _session["server"] = srv
+    os.environ.update(_server_env(srv))  # for the rest of this test only: see below
     yield srv
+    _session.pop("server", None)
     cleanup(srv)
+
+
+_session: dict[str, Server] = {}
+
+
+def _server_env(srv: Server) -> dict[str, str]:
+    """What points the SDK's defaults (`Sandbox.create()`) at `srv`."""
+    return {"SANDLOT_URL": srv.url, "SANDLOT_API_KEY": srv.key}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The session server's SANDLOT_URL/SANDLOT_API_KEY are set for the tests that use it
+    (their fixtures included) and for no other: each test ends with the environment as it
+    found it."""
+    saved = {k: os.environ.get(k) for k in ("SANDLOT_URL", "SANDLOT_API_KEY")}
+    srv = _session.get("server")
+    if srv is not None and "server" in getattr(item, "fixturenames", ()):
+        os.environ.update(_server_env(srv))
+    try:
+        return (yield)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture

@@ -35,6 +35,21 @@ from sandlot.vmm.processes import qemus_under
 IMAGES_DIR = Path(os.environ.get("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images"))
 
 
+@contextlib.contextmanager
+def patched_environ(values: dict[str, str]):
+    """`os.environ` with `values` set for the block, as it was after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -298,14 +313,19 @@ class S3Server:
                 raise RuntimeError(f"the S3 server did not come up: {tail}")
             time.sleep(0.3)
 
+    @contextlib.contextmanager
+    def environ(self):
+        """`env` set in this process for the block only (S3 clients read it when made)."""
+        with patched_environ(self.env):
+            yield
+
     def _ready(self) -> bool:
         """The bucket takes a write and a read."""
         from sandlot.storage.objects import S3ObjectStore
 
-        saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
         try:
-            store = S3ObjectStore(self.bucket, "")
+            with self.environ():
+                store = S3ObjectStore(self.bucket, "")
 
             async def probe() -> bool:
                 await store.put(".ready", b"ok")
@@ -314,12 +334,6 @@ class S3Server:
             return asyncio.run(probe())
         except Exception:  # noqa: BLE001 - not up yet
             return False
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

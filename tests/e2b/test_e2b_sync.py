@@ -28,7 +28,7 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
-import conftest
+import harness as conftest  # tests/conftest.py is not importable by name (tests/unit has one)
 
 
 def eventually(check, timeout: float = 10.0) -> None:
