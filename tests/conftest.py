@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -150,8 +151,20 @@ def sandbox_factory(server):
             pass
 
 
+VM_DIRS = ("vm", "e2b")  # tests/vm, tests/e2b: every test there may start a VM
+VM_FIXTURES = {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}
+NEEDS = ("s3", "postgres")  # fixtures named as their markers
+
+
 def pytest_collection_modifyitems(config, items):
+    """Marks what a test needs: `vm` (a real QEMU VM: by directory, or by a fixture that
+    starts a sandlot server), `s3`, `postgres` (the session's servers of those)."""
+    tests = Path(__file__).resolve().parent
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}:
+        path = Path(str(item.path)).resolve()
+        in_vm_dir = any(path.is_relative_to(tests / d) for d in VM_DIRS)
+        if in_vm_dir or fixtures & VM_FIXTURES:
             item.add_marker(pytest.mark.vm)
+        for marker in fixtures.intersection(NEEDS):
+            item.add_marker(getattr(pytest.mark, marker))
