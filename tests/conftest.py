@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +24,11 @@ def registry(tmp_path_factory) -> Iterator[testing.RegistryServer]:
     """A real OCI registry on loopback (plain HTTP) for the session; the session's servers
     name it in SANDLOT_INSECURE_REGISTRIES."""
     srv = testing.RegistryServer(tmp_path_factory.mktemp("registry"))
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")
@@ -50,15 +54,27 @@ def server(tmp_path_factory, registry) -> Iterator[Server]:
         pytest.fail("the base template is not built: run `make setup`")
     srv = make_server(tmp_path_factory.mktemp("sandlot"), "main")
     srv.extra_env.update(registry.env)
-    srv.start()
-    _session["server"] = srv
-    os.environ.update(_server_env(srv))  # for the rest of this test only: see below
-    yield srv
-    _session.pop("server", None)
-    cleanup(srv)
+    try:
+        srv.start()
+        _session["server"] = srv
+        os.environ.update(_server_env(srv))  # for the rest of this test only: see below
+        yield srv
+    finally:
+        _session.pop("server", None)
+        cleanup(srv)
 
 
 _session: dict[str, Server] = {}
+
+
+def pytest_configure(config) -> None:
+    """SIGTERM (a CI job cancelled, `timeout`) ends the run as Ctrl-C does: fixtures tear down
+    and the servers they started stop (sandlot.testing stops the rest at exit)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def _server_env(srv: Server) -> dict[str, str]:
@@ -91,9 +107,11 @@ def own_server(tmp_path_factory) -> Iterator[Server]:
     account for every QEMU process (tests/vm/test_pool.py covers the pool across restarts)."""
     srv = make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
     srv.extra_env["SANDLOT_POOL_SIZE"] = "0"
-    srv.start()
-    yield srv
-    cleanup(srv)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        cleanup(srv)
 
 
 @pytest.fixture
@@ -108,27 +126,33 @@ def server_factory(tmp_path_factory) -> Iterator:
         srv.start()
         return srv
 
-    yield make
-    for srv in made:
-        cleanup(srv)
+    try:
+        yield make
+    finally:
+        for srv in made:
+            cleanup(srv)
 
 
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory) -> Iterator[testing.S3Server]:
     """A real S3 server (SeaweedFS) on loopback for the session."""
     srv = testing.S3Server(tmp_path_factory.mktemp("s3"))
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[testing.PostgresServer]:
     """A real PostgreSQL on loopback for the session (each test makes its own database)."""
     srv = testing.PostgresServer()
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture

@@ -227,7 +227,9 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("the sandlot server did not come up")
+        self.stop()
+        raise RuntimeError(f"the sandlot server did not come up in {timeout} s: "
+                           f"{_log_since(self.log_path, offset)[-2000:]}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server process only: its sandboxes keep running (a restart re-adopts them)."""
