@@ -65,6 +65,7 @@ def server(tmp_path_factory, registry) -> Iterator[Server]:
 
 
 _session: dict[str, Server] = {}
+_server_modules: set = set()  # the paths of the modules with a test that uses `server`
 
 
 def pytest_configure(config) -> None:
@@ -84,12 +85,12 @@ def _server_env(srv: Server) -> dict[str, str]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """The session server's SANDLOT_URL/SANDLOT_API_KEY are set for the tests that use it
-    (their fixtures included) and for no other: each test ends with the environment as it
-    found it."""
+    """The session server's SANDLOT_URL/SANDLOT_API_KEY are set for the tests of the modules
+    that use it (their fixtures' set-up and teardown included) and for no other: each test
+    ends with the environment as it found it."""
     saved = {k: os.environ.get(k) for k in ("SANDLOT_URL", "SANDLOT_API_KEY")}
     srv = _session.get("server")
-    if srv is not None and "server" in getattr(item, "fixturenames", ()):
+    if srv is not None and item.path in _server_modules:
         os.environ.update(_server_env(srv))
     try:
         return (yield)
@@ -190,5 +191,7 @@ def pytest_collection_modifyitems(config, items):
         in_vm_dir = any(path.is_relative_to(tests / d) for d in VM_DIRS)
         if in_vm_dir or fixtures & VM_FIXTURES:
             item.add_marker(pytest.mark.vm)
+        if "server" in fixtures:
+            _server_modules.add(item.path)
         for marker in fixtures.intersection(NEEDS):
             item.add_marker(getattr(pytest.mark, marker))
