@@ -1,7 +1,9 @@
 """Test fixtures: a real sandlot server (uvicorn subprocess) with its own data dir, sharing the
 images built by `make setup`; SDK clients pointed at it; a sandbox factory that cleans up.
 
-Tests under tests/ that use `server` or `sandbox_factory` drive real QEMU VMs and are marked `vm`.
+Markers say what a test needs (`pytest_collection_modifyitems`): `vm` for every test under
+tests/vm and tests/e2b and every test that starts a sandlot server (`-m "not vm"` starts no VM),
+`s3` and `postgres` for those that use the session's S3 server or PostgreSQL.
 """
 
 from __future__ import annotations
