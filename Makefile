@@ -1,10 +1,10 @@
 # sandlot: `make demo` runs the server with a snapshot/fork demo; `make test` runs the tests
-# (Python and TypeScript; `make test-ts` only the TypeScript ones).
+# (Python and TypeScript; `make test-ts` only the TypeScript ones); `make ci` runs CI here.
 SHELL := /bin/bash
 VENV := .venv/bin
 PORT ?= 7070
 
-.PHONY: setup demo serve test test-unit test-ts docs-ts lint bench bench-quick break clean
+.PHONY: setup demo serve test test-unit test-ts docs-ts lint bench bench-quick break ci clean
 
 setup:
 	@scripts/setup.sh
@@ -26,6 +26,11 @@ test-ts: setup
 
 docs-ts: setup
 	cd sdk-ts && npm run --silent docs
+
+# CI on this host: .ci/run in a fresh clone of HEAD (CI=true), then a check that the run left
+# nothing running (scripts/ci.sh, scripts/leftovers.py).
+ci:
+	@scripts/ci.sh
 
 lint:
 	$(VENV)/ruff check src tests bench examples scripts

@@ -1,14 +1,19 @@
 """Test fixtures: a real sandlot server (uvicorn subprocess) with its own data dir, sharing the
 images built by `make setup`; SDK clients pointed at it; a sandbox factory that cleans up.
 
-Tests under tests/ that use `server` or `sandbox_factory` drive real QEMU VMs and are marked `vm`.
+Markers say what a test needs (`pytest_collection_modifyitems`): `vm` for every test under
+tests/vm and tests/e2b and every test that starts a sandlot server (`-m "not vm"` starts no VM),
+`s3` and `postgres` for those that use the session's S3 server or PostgreSQL.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +26,11 @@ def registry(tmp_path_factory) -> Iterator[testing.RegistryServer]:
     """A real OCI registry on loopback (plain HTTP) for the session; the session's servers
     name it in SANDLOT_INSECURE_REGISTRIES."""
     srv = testing.RegistryServer(tmp_path_factory.mktemp("registry"))
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +56,52 @@ def server(tmp_path_factory, registry) -> Iterator[Server]:
         pytest.fail("the base template is not built: run `make setup`")
     srv = make_server(tmp_path_factory.mktemp("sandlot"), "main")
     srv.extra_env.update(registry.env)
-    srv.start()
-    os.environ["SANDLOT_URL"] = srv.url
-    os.environ["SANDLOT_API_KEY"] = srv.key
-    yield srv
-    cleanup(srv)
+    try:
+        srv.start()
+        _session["server"] = srv
+        os.environ.update(_server_env(srv))  # for the rest of this test only: see below
+        yield srv
+    finally:
+        _session.pop("server", None)
+        cleanup(srv)
+
+
+_session: dict[str, Server] = {}
+_server_modules: set = set()  # the paths of the modules with a test that uses `server`
+
+
+def pytest_configure(config) -> None:
+    """SIGTERM (a CI job cancelled, `timeout`) ends the run as Ctrl-C does: fixtures tear down
+    and the servers they started stop (sandlot.testing stops the rest at exit)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+def _server_env(srv: Server) -> dict[str, str]:
+    """What points the SDK's defaults (`Sandbox.create()`) at `srv`."""
+    return {"SANDLOT_URL": srv.url, "SANDLOT_API_KEY": srv.key}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The session server's SANDLOT_URL/SANDLOT_API_KEY are set for the tests of the modules
+    that use it (their fixtures' set-up and teardown included) and for no other: each test
+    ends with the environment as it found it."""
+    saved = {k: os.environ.get(k) for k in ("SANDLOT_URL", "SANDLOT_API_KEY")}
+    srv = _session.get("server")
+    if srv is not None and item.path in _server_modules:
+        os.environ.update(_server_env(srv))
+    try:
+        return (yield)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture
@@ -62,9 +110,11 @@ def own_server(tmp_path_factory) -> Iterator[Server]:
     account for every QEMU process (tests/vm/test_pool.py covers the pool across restarts)."""
     srv = make_server(tmp_path_factory.mktemp("own"), secrets.token_hex(2))
     srv.extra_env["SANDLOT_POOL_SIZE"] = "0"
-    srv.start()
-    yield srv
-    cleanup(srv)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        cleanup(srv)
 
 
 @pytest.fixture
@@ -79,27 +129,33 @@ def server_factory(tmp_path_factory) -> Iterator:
         srv.start()
         return srv
 
-    yield make
-    for srv in made:
-        cleanup(srv)
+    try:
+        yield make
+    finally:
+        for srv in made:
+            cleanup(srv)
 
 
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory) -> Iterator[testing.S3Server]:
     """A real S3 server (SeaweedFS) on loopback for the session."""
     srv = testing.S3Server(tmp_path_factory.mktemp("s3"))
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[testing.PostgresServer]:
     """A real PostgreSQL on loopback for the session (each test makes its own database)."""
     srv = testing.PostgresServer()
-    srv.start()
-    yield srv
-    srv.stop()
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture
@@ -122,8 +178,22 @@ def sandbox_factory(server):
             pass
 
 
+VM_DIRS = ("vm", "e2b")  # tests/vm, tests/e2b: every test there may start a VM
+VM_FIXTURES = {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}
+NEEDS = ("s3", "postgres")  # fixtures named as their markers
+
+
 def pytest_collection_modifyitems(config, items):
+    """Marks what a test needs: `vm` (a real QEMU VM: by directory, or by a fixture that
+    starts a sandlot server), `s3`, `postgres` (the session's servers of those)."""
+    tests = Path(__file__).resolve().parent
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}:
+        path = Path(str(item.path)).resolve()
+        in_vm_dir = any(path.is_relative_to(tests / d) for d in VM_DIRS)
+        if in_vm_dir or fixtures & VM_FIXTURES:
             item.add_marker(pytest.mark.vm)
+        if "server" in fixtures:
+            _server_modules.add(item.path)
+        for marker in fixtures.intersection(NEEDS):
+            item.add_marker(getattr(pytest.mark, marker))

@@ -5,8 +5,9 @@ conftest modules are not importable by name once there is more than one."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
+import re
+import secrets
 from pathlib import Path
 
 from sandlot import testing
@@ -17,13 +18,21 @@ MiB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 Server = testing.ServerProcess
 qemu_pids = qemus_under
+# This run's tag: every server's instance starts with it, so what a server names host-wide
+# (run dir, tmpfs files, network namespaces and veth aliases, VM uids, cgroups) is this run's
+# alone, even with another run on the host (a pid may repeat across pid namespaces).
+RUN = "t" + secrets.token_hex(3)
 
 
 def make_server(tmp_root: Path, name: str) -> Server:
-    """A server with its own data dir and instance; the test session's servers share one
-    store (the templates are given to it once)."""
+    """A server with its own data dir and instance (`RUN` + `name`: at most 16 characters of
+    [a-z0-9] in all, its network owner tag); the test session's servers share one store (the
+    templates are given to it once)."""
     store = tmp_root.parent / "store"
-    return Server(data_dir=tmp_root / f"data-{name}", instance=f"t{os.getpid()}{name}",
+    instance = RUN + name
+    if not re.fullmatch(r"[a-z0-9]{1,16}", instance):
+        raise ValueError(f"instance {instance!r}: the name must be 1-9 of [a-z0-9]")
+    return Server(data_dir=tmp_root / f"data-{name}", instance=instance,
                   log_path=tmp_root / f"server-{name}.log",
                   extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1"})
 

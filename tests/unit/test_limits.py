@@ -173,7 +173,7 @@ async def test_the_host_ends_a_command_the_guest_does_not_end(api) -> None:
     last = json.loads(r.text.splitlines()[-1])
     assert last["type"] == "error" and last["error"]["type"] == "CommandTimeoutError", r.text
     assert "unresponsive" in last["error"]["message"]
-    assert elapsed < 1 + 0.5 + 1.5, elapsed
+    assert elapsed < 10 * (1 + 0.5), elapsed  # ended by the host's deadline (timeout + grace)
     info = (await api.get(f"/v1/sandboxes/{sid}")).json()
     assert info["error"].startswith("unresponsive: ")
     r = await api.post(url, json={"cmd": "echo still here"})

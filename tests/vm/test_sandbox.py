@@ -121,14 +121,14 @@ def test_stdin(sbx):
 
 def test_streaming_callbacks_interleave(sbx):
     seen: list[tuple[str, str, float]] = []
-    script = "for i in 1 2 3; do echo out$i; sleep 0.3; echo err$i >&2; sleep 0.3; done"
+    script = "for i in 1 2 3; do echo out$i; sleep 0.5; echo err$i >&2; sleep 0.5; done"
     sbx.commands.run(script, on_stdout=lambda d: seen.append(("out", d, time.monotonic())),
                      on_stderr=lambda d: seen.append(("err", d, time.monotonic())))
     assert [(kind, data.strip()) for kind, data, _ in seen] == [
         ("out", "out1"), ("err", "err1"), ("out", "out2"), ("err", "err2"),
         ("out", "out3"), ("err", "err3"),
     ]
-    # Output arrives while the command runs, not all at the end.
+    # Output arrives while the command runs (2.5 s from first to last), not all at the end.
     assert seen[-1][2] - seen[0][2] > 1.0
 
 

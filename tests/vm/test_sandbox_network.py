@@ -2,14 +2,15 @@
 egress rules, networking after fork, and cleanup.
 
 The "internet" is a network namespace this module makes, reachable from the host over a veth:
-    host ── sltnet<sfx> 203.0.113.1/24 ═ netns slt-web-<sfx>: 203.0.113.2 web "A" + dnsmasq,
-                                                             203.0.113.3 web "B"
+    host ── sltnet<sfx> N.1/24 ═ netns slt-web-<sfx>: N.2 web "A" + dnsmasq,  (N: this run's
+                                                     N.3 web "B"         /24 of 198.18.0.0/15)
 Nothing here talks to anything outside this machine.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,11 +24,13 @@ from snapkit import wait_for
 
 from harness import cleanup, make_server, qemu_pids
 from sandlot import Sandbox, Sandlot
+from sandlot.testing import unused_subnet
 
-SFX = f"{os.getpid() % 0x10000:x}"
+SFX = secrets.token_hex(3)
 WEB_NS = f"slt-web-{SFX}"
 WEB_VETH = f"sltnet{SFX}"
-HOST_IP, WEB_A, WEB_B = "203.0.113.1", "203.0.113.2", "203.0.113.3"
+WEB = unused_subnet()  # not another run's
+HOST_IP, WEB_A, WEB_B = (str(WEB[i]) for i in (1, 2, 3))
 
 pytestmark = pytest.mark.timeout(600)
 

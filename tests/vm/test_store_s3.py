@@ -29,10 +29,8 @@ def server_on(s3, tmp_path_factory, prefix: str, name: str, **env: str):
 
 
 def store_of(s3, prefix: str) -> Store:
-    import os
-
-    os.environ.update(s3.env)
-    return Store(open_store(s3.url(prefix)))
+    with s3.environ():  # read when the client is made
+        return Store(open_store(s3.url(prefix)))
 
 
 def stored(s3, prefix: str, key: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -43,11 +42,9 @@ def test_custom_template(server, tmp_path):
 
     first = build(spec, IMAGES_DIR)
     assert first.returncode == 0, first.stderr + first.stdout
-    t = time.monotonic()
     second = build(spec, IMAGES_DIR)
     assert second.returncode == 0
-    assert time.monotonic() - t < 20, "an unchanged spec must not rebuild"
-    assert "up to date" in second.stdout + second.stderr
+    assert "up to date" in second.stdout + second.stderr  # an unchanged spec is not rebuilt
 
     box = Sandbox.create(template="test-custom")
     try:
