@@ -48,6 +48,10 @@ class QemuVm(Vm):
         return self.machine.pid
 
     @property
+    def disk_mb(self) -> int:  # type: ignore[override]
+        return self.disks.size >> 20
+
+    @property
     def exited(self) -> bool:
         return self.machine.exited
 

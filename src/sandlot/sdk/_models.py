@@ -26,6 +26,7 @@ class SandboxInfo(_Model):
     state: str = "running"
     memory_mb: int | None = None
     cpus: int | None = None
+    disk_mb: int | None = None  # the disk its guest sees: its quota
     metadata: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     created_at: datetime | None = None

@@ -23,7 +23,7 @@ from qemu.qmp import QMPClient, QMPError
 
 from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
-from sandlot.vmm.disk import DISK_HOST_OPTIONS
+from sandlot.vmm.disk import DISK_ERROR_POLICY, DISK_HOST_OPTIONS
 from sandlot.vmm.jail import SECCOMP, Jail
 from sandlot.vmm.network import open_tap
 from sandlot.vmm.qemu import QEMU
@@ -149,7 +149,8 @@ class MachineSpec:
             "-blockdev",
             f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={self.disk},"
             f"file.aio=threads,cache.direct=off{DISK_HOST_OPTIONS if host_options else ''}",
-            "-device", "virtio-blk-pci,drive=disk0,id=vda",
+            "-device", "virtio-blk-pci,drive=disk0,id=vda"
+            f"{DISK_ERROR_POLICY if host_options else ''}",
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,bus=vser0.0,chardev=agent,name=org.sandlot.agent",
