@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -65,11 +66,17 @@ def small_server(small_data_fs, tmp_path, tmp_path_factory):
         cleanup(srv)
 
 
-def guest_mb(sbx: Sandbox) -> tuple[int, int]:
-    """(the disk's size, the root filesystem's size) the guest sees, MiB."""
-    out = sbx.commands.run("cat /sys/block/vda/size; df -B1M --output=size / | tail -1",
-                           check=True).stdout.split()
-    return int(out[0]) * 512 // MiB, int(out[1])
+def guest_mb(sbx: Sandbox, disk_mb: int) -> tuple[int, int]:
+    """(the disk's size, the root filesystem's size) the guest sees, MiB, once its disk is
+    `disk_mb` (it grows just after the sandbox starts)."""
+    for _ in range(300):
+        out = sbx.commands.run("cat /sys/block/vda/size; df -B1M --output=size / | tail -1",
+                               check=True).stdout.split()
+        disk, fs = int(out[0]) * 512 // MiB, int(out[1])
+        if disk >= disk_mb and fs > disk_mb - 128:
+            break
+        time.sleep(0.1)
+    return disk, fs
 
 
 FILL = ("python3 -c \"import os\nb = os.urandom(1 << 20)\nwith open('/home/user/fill', 'wb') "
@@ -83,7 +90,7 @@ def test_a_guest_past_its_quota_gets_enospc_and_the_others_go_on(small_server):
 
     full = Sandbox.create(disk_mb=quota, **kw)
     assert full.get_info().disk_mb == quota
-    disk, fs = guest_mb(full)
+    disk, fs = guest_mb(full, quota)
     assert disk == quota and quota - 128 <= fs <= quota, (disk, fs)
 
     # Past its quota: ENOSPC from its own filesystem; it keeps answering.
@@ -121,7 +128,7 @@ def test_a_guest_past_its_quota_gets_enospc_and_the_others_go_on(small_server):
     mine = full.snapshot().wait(300)
     full.kill()
     back = Sandbox.create(snapshot_id=mine.snapshot_id, **kw)
-    assert back.get_info().disk_mb == quota and guest_mb(back)[0] == quota
+    assert back.get_info().disk_mb == quota and guest_mb(back, quota)[0] == quota
     assert back.commands.run("wc -c < /home/user/again").stdout.strip() == str(MiB)
     back.kill()
     other.kill()

@@ -42,6 +42,9 @@ class QemuVm(Vm):
     # A stored capture's disk, flattened from the frozen layer while its RAM is hashed:
     # the frozen layer is merged or removed only after it.
     flattening: asyncio.Task | None = field(default=None, repr=False)
+    # its disk being grown to its quota (`quota` bytes) just after it came up
+    growing: asyncio.Task | None = field(default=None, repr=False)
+    quota: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -49,7 +52,7 @@ class QemuVm(Vm):
 
     @property
     def disk_mb(self) -> int:  # type: ignore[override]
-        return self.disks.size >> 20
+        return max(self.quota, self.disks.size) >> 20
 
     @property
     def exited(self) -> bool:
