@@ -203,7 +203,7 @@ class QemuRuntime(Runtime):
                                             cpus=plan.cpus if plan.cpus != vm.cpus else None))
             vm.cpus = plan.cpus
             if vm.growing is not None:
-                await asyncio.shield(vm.growing)
+                await asyncio.wait({vm.growing})  # its growth to the default quota
             size = self._disk_size(plan, vm.disks.size)
             if size > vm.disks.size:
                 self.reserve.disks.admit(vm.id, size, vm.disks.held)
