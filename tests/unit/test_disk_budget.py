@@ -149,3 +149,21 @@ async def test_a_snapshot_of_a_grown_disk_keeps_its_size(tmp_path) -> None:
     with open(dump, "rb") as f:
         f.seek(48 * MiB)
         assert f.read(MiB) == b"\xab" * MiB
+
+
+def test_the_host_failing_a_disk_write_is_counted_not_queued() -> None:
+    """werror=report: a write the host cannot do is an I/O error in the guest (the VM runs
+    on), counted for the sandbox's metrics (`disk_errors`) and logged."""
+    from qemu.qmp.message import Message
+
+    from sandlot.vmm.machine import DiskErrors
+
+    errors = DiskErrors("sb-test")
+    event = Message({"event": "BLOCK_IO_ERROR", "data": {"device": "", "node-name": "disk0",
+                                                         "operation": "write",
+                                                         "action": "report", "nospace": True,
+                                                         "reason": "No space left on device"},
+                     "timestamp": {"seconds": 0, "microseconds": 0}})
+    other = Message({"event": "STOP", "timestamp": {"seconds": 0, "microseconds": 0}})
+    assert not errors.accept(event) and not errors.accept(other) and not errors.accept(event)
+    assert errors.count == 2

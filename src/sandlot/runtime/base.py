@@ -100,6 +100,7 @@ class Usage:
     disk_bytes: int
     disk_total_bytes: int
     cpus: int
+    disk_errors: int = 0  # its disk I/Os the host failed (a full host filesystem)
 
 
 @dataclass(frozen=True)

@@ -884,7 +884,8 @@ class QemuRuntime(Runtime):
 
     def usage(self, vm: Vm) -> Usage | None:
         assert isinstance(vm, QemuVm)
-        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disk_mb << 20)
+        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disk_mb << 20,
+                        vm.machine.disk_errors.count)
 
     def room(self) -> Room:
         keys = self.cache.keys()

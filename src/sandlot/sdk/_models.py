@@ -93,6 +93,7 @@ class SandboxMetrics(_Model):
     mem_total: int = 0
     disk_used: int = 0
     disk_total: int = 0
+    disk_errors: int = 0  # its disk I/Os the host failed
 
 
 class HostInfo(_Model):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 
-from qemu.qmp import QMPClient, QMPError
+from qemu.qmp import EventListener, QMPClient, QMPError
 
 from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
@@ -180,6 +180,26 @@ class MachineSpec:
                 "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
 
 
+class DiskErrors(EventListener):
+    """Counts the disk writes and reads the host failed (QMP BLOCK_IO_ERROR: with
+    `werror=report` the guest gets an I/O error and runs on); queues no event."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("BLOCK_IO_ERROR")
+        self.name = name
+        self.count = 0
+
+    def accept(self, event) -> bool:
+        if super().accept(event):
+            self.count += 1
+            if self.count == 1 or self.count % 1000 == 0:
+                data = event.get("data") or {}
+                log.warning("VM %s: the host failed %d of its disk %ss (%s%s): its guest got "
+                            "I/O errors", self.name, self.count, data.get("operation", "I/O"),
+                            data.get("reason", "?"), ", no space" if data.get("nospace") else "")
+        return False
+
+
 class MachineState(StrEnum):
     LAUNCHING = "launching"  # process started, QMP not yet connected
     LOADING = "loading"  # waiting for or loading an incoming migration (a restore)
@@ -214,6 +234,8 @@ class Machine:
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
         self.state = MachineState.LAUNCHING
+        self.disk_errors = DiskErrors(spec.run_dir.name)
+        self.qmp.register_listener(self.disk_errors)
         self._tracker: WriteTracker | None | bool = False  # False: not looked for yet
 
     def write_tracker(self) -> WriteTracker | None:
