@@ -459,6 +459,8 @@ def sandbox() -> None:
               "(pulled and built into a template on the server on first use).")
 @click.option("--memory", "memory_mb", type=int, help="Memory in MiB.")
 @click.option("--cpus", type=int, help="Number of vCPUs.")
+@click.option("--disk", "disk_mb", type=int, help="Disk in MiB (its quota; default: the "
+              "server's SANDLOT_DISK_QUOTA_MB).")
 @click.option("--timeout", type=int, default=300, show_default=True,
               help="Seconds until the sandbox is killed.")
 @_env_option
@@ -467,9 +469,9 @@ def sandbox() -> None:
 @_json_option
 @_with_client
 def sandbox_create(client: Sandlot, template_name: str, snapshot_id: str | None,
-                   image: str | None, memory_mb: int | None, cpus: int | None, timeout: int,
-                   env: dict[str, str], metadata: dict[str, str], no_internet: bool,
-                   as_json: bool) -> None:
+                   image: str | None, memory_mb: int | None, cpus: int | None,
+                   disk_mb: int | None, timeout: int, env: dict[str, str],
+                   metadata: dict[str, str], no_internet: bool, as_json: bool) -> None:
     """Start a sandbox."""
     with contextlib.ExitStack() as stack:
         if image and not as_json:  # a first create from an image pulls and builds it
@@ -478,7 +480,8 @@ def sandbox_create(client: Sandlot, template_name: str, snapshot_id: str | None,
         sbx = client.sandboxes.create(template_name, snapshot_id=snapshot_id,
                                       memory_mb=memory_mb, cpus=cpus, env=env,
                                       timeout=timeout, metadata=metadata,
-                                      internet=not no_internet, image=image)
+                                      internet=not no_internet, image=image,
+                                      disk_mb=disk_mb)
     _show(sbx.info, _SANDBOX_COLUMNS, as_json)
 
 

@@ -11,6 +11,9 @@ takes it; default 3600), SANDLOT_GC_INTERVAL (seconds between GC runs; default 6
 SANDLOT_CONFINE (on: each QEMU under its own uid, seccomp and a cgroup; off: as the server),
 SANDLOT_RESERVE_MEM_MB and SANDLOT_RESERVE_DISK_MB (what the host keeps: new sandboxes and
 captures are refused with a CapacityError below them; default 5% of RAM, 1024 MiB of disk).
+SANDLOT_DISK_QUOTA_MB: the disk a sandbox's guest sees unless its create asks (`disk_mb`, at
+most SANDLOT_MAX_DISK_MB), never less than its image's (default 2048): its guest gets ENOSPC
+there, and the host admits a sandbox only if every sandbox's disk fits in its free space.
 The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD> (e.g.
 SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
 seconds past a command's timeout before the server ends it if the guest has not (default 5).
@@ -87,6 +90,7 @@ class Limits:
     list_depth: int = 32  # files.list depth
     list_entries: int = 5000  # entries one files.list answers
     egress_rules: int = 256  # allow_out plus deny_out entries
+    disk_mb: int = 65536  # a sandbox's disk (its quota) a create may ask for, MiB
     # Per API key, over its sandboxes on one host (0: no limit of its own).
     key_sandboxes: int = 0  # sandboxes running or starting
     key_ports: int = 256  # ports exposed
@@ -126,6 +130,7 @@ class Settings:
     # never handed out: new VMs and captures are refused (CapacityError) below these
     reserve_mem_mb: int = field(default_factory=lambda: max(512, _mem_total_mb() // 20))
     reserve_disk_mb: int = 1024
+    disk_quota_mb: int = 2048  # a sandbox's disk unless its create asks (runtime/capacity.py)
     limits: Limits = field(default_factory=Limits)
     # several hosts (core/hosts.py): the shared database, who this host is, where it is reached
     database_url: str | None = None
@@ -161,6 +166,7 @@ class Settings:
                    reserve_mem_mb=_int_env("SANDLOT_RESERVE_MEM_MB",
                                            max(512, _mem_total_mb() // 20)),
                    reserve_disk_mb=_int_env("SANDLOT_RESERVE_DISK_MB", 1024),
+                   disk_quota_mb=_int_env("SANDLOT_DISK_QUOTA_MB", 2048) or 2048,
                    limits=Limits.from_env(),
                    database_url=os.environ.get("SANDLOT_DATABASE_URL") or None,
                    host_id=os.environ.get("SANDLOT_HOST_ID") or None,

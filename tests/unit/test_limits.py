@@ -319,3 +319,18 @@ async def test_each_api_key_has_limits_of_its_own(api) -> None:
     # A sandbox that goes makes room for its key again.
     assert (await api.delete(f"/v1/sandboxes/{a2}")).status_code == 204
     assert (await api.post(f"/v1/sandboxes/{a1}/fork", json={"count": 1})).status_code == 200
+
+
+@pytest.mark.parametrize("api", [{"limits": Limits(disk_mb=4096)}], indirect=True)
+async def test_a_sandboxs_disk_is_asked_within_the_limit_and_reported(api) -> None:
+    refused(await api.post("/v1/sandboxes", json={"disk_mb": 8192}),
+            says="SANDLOT_MAX_DISK_MB")
+    refused(await api.post("/v1/sandboxes", json={"disk_mb": 1}), says="disk_mb")
+    assert api.srv.runtime.vms == {}
+    r = await api.post("/v1/sandboxes", json={"disk_mb": 3072})
+    assert r.status_code == 201 and r.json()["disk_mb"] == 3072, r.text
+    sid = r.json()["sandbox_id"]
+    forked = (await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1})).json()
+    assert [c["disk_mb"] for c in forked["sandboxes"]] == [3072]
+    metrics = (await api.get(f"/v1/sandboxes/{sid}/metrics")).json()["metrics"]
+    assert metrics[-1]["disk_total"] == 3072 * MiB

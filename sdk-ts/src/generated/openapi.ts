@@ -658,6 +658,8 @@ export interface components {
             memory_mb?: number | null;
             /** Cpus */
             cpus?: number | null;
+            /** Disk Mb */
+            disk_mb?: number | null;
             /** Env */
             env?: {
                 [key: string]: string;
@@ -986,6 +988,8 @@ export interface components {
             memory_mb?: number | null;
             /** Cpus */
             cpus?: number | null;
+            /** Disk Mb */
+            disk_mb?: number | null;
             /** Env */
             env?: {
                 [key: string]: string;
@@ -1046,7 +1050,9 @@ export interface components {
          * SandboxMetric
          * @description One sample. `cpu_used_pct` is of the sandbox's own vCPUs (100: all of them busy);
          *     `mem_used` is the memory that is the sandbox's own on the host (pages it changed since
-         *     its restore, and QEMU's), `disk_used` the bytes its own disk layers hold.
+         *     its restore, and QEMU's), `disk_used` the bytes its own disk layers hold, `disk_total` the
+         *     disk its guest sees (its quota), `disk_errors` its disk I/Os the host failed (its guest got
+         *     I/O errors: the host's filesystem was full).
          */
         SandboxMetric: {
             /** Timestamp */
@@ -1063,6 +1069,11 @@ export interface components {
             disk_used: number;
             /** Disk Total */
             disk_total: number;
+            /**
+             * Disk Errors
+             * @default 0
+             */
+            disk_errors: number;
         };
         /** SandboxRecord */
         SandboxRecord: {
@@ -1078,6 +1089,8 @@ export interface components {
             memory_mb: number;
             /** Cpus */
             cpus: number;
+            /** Disk Mb */
+            disk_mb?: number | null;
             /** Env */
             env?: {
                 [key: string]: string;
@@ -1156,6 +1169,8 @@ export interface components {
             memory_mb?: number | null;
             /** Cpus */
             cpus?: number | null;
+            /** Disk Mb */
+            disk_mb?: number | null;
             /** Env */
             env?: {
                 [key: string]: string;

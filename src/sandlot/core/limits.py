@@ -32,6 +32,13 @@ def check_text(what: str, text: str, limit: int) -> None:
         raise InvalidArgumentError(f"{what} is {_size(text)} bytes; the limit is {limit}")
 
 
+def check_disk(limits: Limits, disk_mb: int | None) -> None:
+    """A sandbox's disk (its quota) within the server's SANDLOT_MAX_DISK_MB."""
+    if disk_mb is not None and disk_mb > limits.disk_mb:
+        raise InvalidArgumentError(f"disk_mb is {disk_mb}; the limit is {limits.disk_mb} MiB "
+                                   "(SANDLOT_MAX_DISK_MB)")
+
+
 def check_env(limits: Limits, env: dict[str, str] | None, what: str = "env") -> None:
     """Names a shell accepts (letters, digits, _; not starting with a digit), values with no
     NUL byte, and the whole map within its limits: its size is counted as the agent is sent

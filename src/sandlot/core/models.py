@@ -91,6 +91,8 @@ class SandboxRecord(BaseModel):
     snapshot_id: str | None = None
     memory_mb: int
     cpus: int
+    # the disk its guest sees, MiB: its quota (its filesystem is full there: ENOSPC)
+    disk_mb: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=now)
@@ -157,6 +159,9 @@ class SandboxOverrides(BaseModel):
     model_config = ConfigDict(extra="forbid")
     memory_mb: int | None = Field(None, ge=128, le=16384)
     cpus: int | None = Field(None, ge=1, le=4)
+    # the disk its guest sees (its quota), MiB: at most the server's SANDLOT_MAX_DISK_MB;
+    # default the server's SANDLOT_DISK_QUOTA_MB; never less than its template's or snapshot's
+    disk_mb: int | None = Field(None, ge=64)
     env: dict[str, str] | None = None
     timeout: int | None = Field(None, ge=0, le=24 * 3600)
     metadata: dict[str, str] | None = None

@@ -100,7 +100,8 @@ class Placement:
             parent = await self.sandboxes.get(sandbox_id, who)
             if parent.state == SandboxState.PAUSED and parent.paused_snapshot:
                 overrides = SandboxOverrides(
-                    memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
+                    memory_mb=parent.memory_mb, cpus=parent.cpus, disk_mb=parent.disk_mb,
+                    env=parent.env,
                     metadata=parent.metadata, internet=parent.internet,
                     network=parent.network, on_timeout=parent.on_timeout,
                     pause_memory=parent.pause_memory, auto_resume=parent.auto_resume,
@@ -200,7 +201,8 @@ class Placement:
                                      f"other hosts: {snap.error or snap.state.value}")
                 return [error] * count
             req = CreateSandbox(snapshot_id=snap.snapshot_id, memory_mb=parent.memory_mb,
-                                cpus=parent.cpus, env=parent.env, metadata=parent.metadata,
+                                cpus=parent.cpus, disk_mb=parent.disk_mb, env=parent.env,
+                                metadata=parent.metadata,
                                 timeout=parent.timeout if timeout is None else timeout,
                                 internet=parent.internet,
                                 network=parent.network)

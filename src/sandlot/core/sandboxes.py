@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from sandlot.config import Settings
 from sandlot.core.db import MetadataStore
-from sandlot.core.limits import check_egress, check_env, check_metadata
+from sandlot.core.limits import check_disk, check_egress, check_env, check_metadata
 from sandlot.core.live import KeyStreams, LiveSandbox
 from sandlot.core.models import (
     CreateSandbox,
@@ -69,7 +69,7 @@ def policy_of(rec: SandboxRecord) -> NetworkPolicy:
 
 def plan_of(rec: SandboxRecord) -> MachinePlan:
     return MachinePlan(cpus=rec.cpus, memory_mb=rec.memory_mb, env=dict(rec.env),
-                       generation=rec.generation, network=policy_of(rec))
+                       generation=rec.generation, network=policy_of(rec), disk_mb=rec.disk_mb)
 
 
 class SandboxManager:
@@ -268,6 +268,7 @@ class SandboxManager:
         limits = self.settings.limits
         check_env(limits, req.env)
         check_metadata(limits, req.metadata)
+        check_disk(limits, req.disk_mb)
         if req.network is not None:
             check_egress(limits, req.network.allow_out, req.network.deny_out)
 
@@ -280,7 +281,7 @@ class SandboxManager:
         created = now()
         rec = SandboxRecord(
             sandbox_id=sandbox_id or new_sandbox_id(), template=source.template,
-            snapshot_id=source.snapshot_id, memory_mb=memory, cpus=cpus,
+            snapshot_id=source.snapshot_id, memory_mb=memory, cpus=cpus, disk_mb=req.disk_mb,
             env={**source.env, **(req.env or {})}, metadata=dict(req.metadata or {}),
             created_at=created, timeout=timeout,
             expires_at=created + timedelta(seconds=timeout) if timeout else None,
@@ -315,6 +316,7 @@ class SandboxManager:
 
     async def _register(self, live: LiveSandbox) -> None:
         live.key_streams = self.key_streams
+        live.record.disk_mb = live.vm.disk_mb or live.record.disk_mb  # its image's, if more
         transition(live.record, SandboxState.RUNNING)
         live.record.error = None
         self.live[live.sandbox_id] = live
@@ -500,7 +502,8 @@ class SandboxManager:
             source = Source(image=captured.image, env=dict(parent.env),
                             template=parent.template, workdir=parent.workdir,
                             user=parent.user)
-            req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus, env=parent.env,
+            req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus,
+                                disk_mb=parent.disk_mb, env=parent.env,
                                 timeout=parent.timeout if timeout is None else timeout,
                                 metadata=parent.metadata,
                                 internet=parent.internet, network=parent.network,

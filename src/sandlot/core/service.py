@@ -40,6 +40,8 @@ class Stats:
     sandboxes: dict[SandboxState, int]
     pool: dict
     memory_free_mb: int
+    disk_free_mb: int
+    disk_promised_mb: int
     free_slots: int
     snapshot_bytes: int
     stored_bytes: int
@@ -123,8 +125,10 @@ class Core:
             counts[state] = len(await self.db.sandboxes((state.value,),
                                                         host=mine if here else None))
         ready = await self.db.snapshots(("ready",))
+        room = self.runtime.room()
         return Stats(sandboxes=counts, pool=self.runtime.pool_stats(),
-                     memory_free_mb=self.runtime.room().memory_free_mb,
+                     memory_free_mb=room.memory_free_mb, disk_free_mb=room.disk_free_mb,
+                     disk_promised_mb=room.disk_promised_mb,
                      free_slots=self.sandboxes.free_slots(),
                      snapshot_bytes=sum(d.get("size_bytes") or 0 for d in ready),
                      stored_bytes=sum(d.get("stored_bytes") or 0 for d in ready))

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 class SandboxMetric(BaseModel):
     """One sample. `cpu_used_pct` is of the sandbox's own vCPUs (100: all of them busy);
     `mem_used` is the memory that is the sandbox's own on the host (pages it changed since
-    its restore, and QEMU's), `disk_used` the bytes its own disk layers hold."""
+    its restore, and QEMU's), `disk_used` the bytes its own disk layers hold, `disk_total` the
+    disk its guest sees (its quota), `disk_errors` its disk I/Os the host failed (its guest got
+    I/O errors: the host's filesystem was full)."""
 
     timestamp: float  # seconds since the epoch
     cpu_count: int
@@ -32,6 +34,7 @@ class SandboxMetric(BaseModel):
     mem_total: int
     disk_used: int
     disk_total: int
+    disk_errors: int = 0
 
 
 class UsageSampler:
@@ -85,7 +88,8 @@ class UsageSampler:
         return SandboxMetric(timestamp=time.time(), cpu_count=usage.cpus,
                              cpu_used_pct=round(min(100.0, max(0.0, pct)), 2),
                              mem_used=usage.memory_bytes, mem_total=usage.memory_total_bytes,
-                             disk_used=usage.disk_bytes, disk_total=usage.disk_total_bytes)
+                             disk_used=usage.disk_bytes, disk_total=usage.disk_total_bytes,
+                             disk_errors=usage.disk_errors)
 
     def history(self, sandbox_id: str, start: float | None = None,
                 end: float | None = None) -> list[SandboxMetric]:

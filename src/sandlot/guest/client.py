@@ -86,6 +86,7 @@ class Configured:
     time_ns: int
     cpus: int | None = None
     mem_kb: int | None = None
+    disk_bytes: int | None = None  # the root filesystem's size, when asked to grow it
 
 
 @dataclass(frozen=True)
@@ -239,12 +240,15 @@ class Configure:
     reseed: bool = True
     freeze: bool = False
     clock: bool = True
+    disk_bytes: int | None = None  # grow the root filesystem once its disk is this big
+
 
     def fields(self) -> dict:
         out: dict[str, Any] = {"time_ns": time.time_ns() if self.clock else None,
                                "env": self.env,
                                "generation": self.generation, "cpus": self.cpus or None,
-                               "freeze": self.freeze or None}
+                               "freeze": self.freeze or None,
+                               "disk_bytes": self.disk_bytes or None}
         if self.reseed:
             out["entropy"] = base64.b64encode(os.urandom(64)).decode()
         return out
@@ -572,7 +576,8 @@ class AgentClient:
         if "error" in reply:
             raise agent_error(reply["error"])
         return Configured(time_ns=_get(reply, "time_ns", int), cpus=_get(reply, "cpus", int, None),
-                          mem_kb=_get(reply, "mem_kb", int, None))
+                          mem_kb=_get(reply, "mem_kb", int, None),
+                          disk_bytes=_get(reply, "disk_bytes", int, None))
 
     # ---- session ops ----------------------------------------------------------------------
 

@@ -39,11 +39,14 @@ OPS: dict[str, Op] = {op.name: op for op in (
        doc="opens a session; drops the previous session's subscriptions and uploads"),
     Op("ping", (), ("time_ns",), doc="the guest's wall clock"),
     Op("step_clock", ("delta_ns",), ("time_ns",), doc="moves the wall clock by delta_ns"),
-    Op("configure", ("time_ns", "entropy", "env", "generation", "cpus", "freeze"),
-       ("time_ns", "cpus", "mem_kb"),
+    Op("configure", ("time_ns", "entropy", "env", "generation", "cpus", "freeze",
+                     "disk_bytes"),
+       ("time_ns", "cpus", "mem_kb", "disk_bytes"),
        doc="sets the clock, reseeds the RNG (base64 entropy), replaces the base env, writes "
            "/run/sandlot/generation, onlines cpus; freeze: collects the agent's garbage and "
-           "returns its free memory before a template snapshot"),
+           "returns its free memory before a template snapshot; disk_bytes: once the root "
+           "disk is at least that big (the host grew it), grows the root filesystem to fill "
+           "it and answers its size"),
     Op("exec", ("cmd", "env", "cwd", "user", "timeout", "stdin", "stream", "keep_stdin",
                 "track", "window", "pty"), ("pid",), ("start", "stdout", "stderr", "exit"),
        payload=True, doc="runs bash -c cmd in its own process group; stdin: the payload is "

@@ -63,6 +63,9 @@ class MachinePlan:
     env: dict[str, str] = field(default_factory=dict)
     generation: str = ""
     network: NetworkPolicy | None = None  # None: no network (networking off)
+    # the disk the guest sees (its quota), MiB; None: the host's default; never less than
+    # the image's own disk
+    disk_mb: int | None = None
 
 
 @dataclass
@@ -80,8 +83,9 @@ class Room:
     holds (a restore of those fetches nothing)."""
 
     memory_free_mb: int
-    disk_free_mb: int = 0
+    disk_free_mb: int = 0  # beyond the reserve and what its sandboxes' disks may still take
     cache_free_mb: int = 0
+    disk_promised_mb: int = 0  # its sandboxes' disks (their quotas)
     cached: tuple[str, ...] = ()
 
 
@@ -97,6 +101,7 @@ class Usage:
     disk_bytes: int
     disk_total_bytes: int
     cpus: int
+    disk_errors: int = 0  # its disk I/Os the host failed (a full host filesystem)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ class Vm(abc.ABC):
     image: Image  # what it was restored from
     cpus: int
     memory_mb: int
+    disk_mb: int = 0  # the disk the guest sees: its quota (0: unknown)
 
     @property
     @abc.abstractmethod

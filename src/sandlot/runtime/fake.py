@@ -395,6 +395,7 @@ class FakeVm(Vm):
     memory_mb: int
     agent: FakeGuest
     network: NetworkPolicy | None = None
+    disk_mb: int = 2048
     _pid: int = field(default_factory=lambda: next(_pids))
     gone: bool = False
     booted: bool = False  # booted from its image's disk
@@ -436,7 +437,7 @@ class FakeRuntime(Runtime):
             return None
         return Usage(cpu_seconds=0.01 * len(vm.agent.procs), memory_bytes=64 << 20,
                      memory_total_bytes=vm.memory_mb << 20, disk_bytes=8 << 20,
-                     disk_total_bytes=1 << 30, cpus=vm.cpus)
+                     disk_total_bytes=vm.disk_mb << 20, cpus=vm.cpus)
 
     def describe(self, memory_mb: int = 512, cpus: int = 1,
                  machine_type: str = "pc-q35-7.2") -> MachineDescription:
@@ -473,7 +474,7 @@ class FakeRuntime(Runtime):
         self.restores += 1
         vm = FakeVm(id=vm_id, image=image, cpus=plan.cpus, memory_mb=plan.memory_mb,
                     agent=FakeGuest(state, plan.generation), network=plan.network,
-                    booted=booted)
+                    booted=booted, disk_mb=plan.disk_mb or 2048)
         self.vms[vm_id] = vm
         return vm
 

@@ -61,7 +61,7 @@ from sandlot.vmm import hotplug, memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import MachineDescription
-from sandlot.vmm.disk import DiskChain, backing_file
+from sandlot.vmm.disk import DiskChain, backing_file, virtual_size
 from sandlot.vmm.jail import (
     Jail,
     Jails,
@@ -208,6 +208,13 @@ class QemuRuntime(Runtime):
             await agent.configure(Configure(env=plan.env, generation=plan.generation,
                                             cpus=plan.cpus if plan.cpus != vm.cpus else None))
             vm.cpus = plan.cpus
+            if vm.growing is not None:
+                await asyncio.wait({vm.growing})  # its growth to the default quota
+            size = self._disk_size(plan, vm.disks.size)
+            if size > vm.disks.size:
+                self.reserve.disks.admit(vm.id, size, vm.disks.held)
+                async with vm.lock:
+                    await self._grow_disk(vm.id, vm.machine, vm.disks, agent, size)
             vm.save()
             await agent.sync_clock()
             if self.network is not None and plan.network is not None \
@@ -268,7 +275,9 @@ class QemuRuntime(Runtime):
                 self._vm_paths()
                 owner = jail.uid if jail is not None else None
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=hot["disk"],
-                                  size=(build / "rootfs.ext4").stat().st_size, owner=owner)
+                                  size=virtual_size(hot["disk"]), owner=owner)
+                size = self._disk_size(plan, disks.size)
+                self.reserve.disks.admit(vm_id, size, disks.held)
                 if self.network is not None and plan.network is not None:
                     # QEMU starts once the namespace and its tap exist; their addresses and
                     # rules are set while it loads, and are there before the guest runs.
@@ -332,6 +341,7 @@ class QemuRuntime(Runtime):
                         machine=machine, agent=agent, disks=disks, run_dir=run_dir,
                         lease=lease, network=net)
             vm.save()
+            self._grow_soon(vm, size)
         except BaseException:
             if connecting is not None and not connecting.done():
                 connecting.cancel()
@@ -373,7 +383,9 @@ class QemuRuntime(Runtime):
                 self._vm_paths()
                 owner = jail.uid if jail is not None else None
                 disks = DiskChain(dir=self.settings.disks_dir / vm_id, source=disk,
-                                  size=(build / "rootfs.ext4").stat().st_size, owner=owner)
+                                  size=virtual_size(disk), owner=owner)
+                size = self._disk_size(plan, disks.size)
+                self.reserve.disks.admit(vm_id, size, disks.held)
                 await disks.create()
                 if self.network is not None and plan.network is not None:
                     net = await self.network.attach(vm_id, plan.network, tap_owner=owner)
@@ -401,15 +413,66 @@ class QemuRuntime(Runtime):
                         machine=machine, agent=agent, disks=disks, run_dir=run_dir,
                         lease=lease, network=net, booted=True)
             vm.save()
+            self._grow_soon(vm, size)
         except BaseException:
             await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
             raise
         log.info("booted %s from image %s's disk", vm_id, image.key)
         return vm
 
+    def _disk_size(self, plan: MachinePlan, image_size: int) -> int:
+        """The disk a VM of `plan` gets, bytes: its quota, never less than its image's."""
+        return max(image_size, (plan.disk_mb or self.settings.disk_quota_mb) << 20)
+
+    def _grow_soon(self, vm: QemuVm, size: int) -> None:
+        """Grow a new VM's disk to `size` bytes (its quota, already promised) right after it is
+        handed out: the guest's online resize takes 150-500 ms under TCG, which a restore does
+        not wait for. Until then the guest sees less than its quota, never more. Captures
+        wait for it (the VM's lock)."""
+        if size <= vm.disks.size:
+            return
+        vm.quota = size
+
+        async def grow() -> None:
+            async with vm.lock:
+                if vm.machine.exited:
+                    return
+                try:
+                    if not await self._grow_disk(vm.id, vm.machine, vm.disks,
+                                                 await vm.guest(), size):
+                        vm.quota = 0
+                    vm.save()
+                except (SandlotError, OSError) as e:
+                    log.warning("VM %s: its disk was not grown to %d MiB: %s", vm.id,
+                                size >> 20, e)
+
+        vm.growing = self._spawn(grow())
+
+    async def _grow_disk(self, vm_id: str, machine: Machine, disks: DiskChain,
+                         agent: AgentClient, size: int) -> bool:
+        """Grow a running VM's disk to `size` bytes and its root filesystem with it (the
+        agent's online resize), so the guest's filesystem is its quota. An agent without
+        `grow_disk` (a template built before it) keeps its image's disk (False)."""
+        if size <= disks.size:
+            return True
+        if not agent.has_cap("grow_disk"):
+            log.warning("VM %s: its agent cannot grow its disk (rebuild its template); it keeps "
+                        "%d MiB", vm_id, disks.size >> 20)
+            self.reserve.disks.admit(vm_id, disks.size, disks.held)
+            return False
+        t0 = time.monotonic()
+        await disks.grow(machine, size)
+        t1 = time.monotonic()
+        grown = await agent.configure(Configure(disk_bytes=size, reseed=False, clock=False))
+        log.info("VM %s: disk grown to %d MiB (its filesystem: %d MiB) in %.1f ms "
+                 "(block_resize %.1f)", vm_id, size >> 20, (grown.disk_bytes or 0) >> 20,
+                 (time.monotonic() - t0) * 1000, (t1 - t0) * 1000)
+        return True
+
     async def _undo(self, vm_id: str, run_dir: Path, machine: Machine | None, net,
                     disks: DiskChain | None, jail: Jail | None, lease: Lease | None) -> None:
         """Remove what a VM that failed to come up had so far (None: not made yet)."""
+        self.reserve.disks.release(vm_id)
         if machine is not None:
             await machine.kill()
         if net is not None:
@@ -513,9 +576,10 @@ class QemuRuntime(Runtime):
         its files at once: they are written before this returns."""
         assert isinstance(vm, QemuVm)
         if memory:
-            self.reserve.check_capture(vm.memory_mb)
+            self.reserve.check_capture(vm.memory_mb, vm.disks.held())
         else:
-            self.reserve.check_vm(0)  # disk room for the image's disk
+            self.reserve.check_vm(0)
+            self.reserve.disks.check("a snapshot's disk layer", vm.disks.held())
         t0 = time.monotonic()
         lease = self.cache.create(key, persistent, memory=memory)
         filled = await self.cache.filling(key) if persistent and memory else None
@@ -716,6 +780,9 @@ class QemuRuntime(Runtime):
     async def kill(self, vm: Vm) -> None:
         assert isinstance(vm, QemuVm)
         self._memos.pop(vm.id, None)
+        self.reserve.disks.release(vm.id)
+        if vm.growing is not None:
+            vm.growing.cancel()
         await self._flattened(vm)  # it reads the frozen layer, which goes with the VM
         with contextlib.suppress(Exception):
             await vm.agent.close()
@@ -808,6 +875,7 @@ class QemuRuntime(Runtime):
                     last_capture=state.get("last_capture"),
                     booted=bool(state.get("booted", False)))
         vm.save()
+        self.reserve.disks.hold(vm_id, disks.size, disks.held)
         for leftover in run_dir.glob("devstate-*"):  # saved by a capture the crash cut short
             leftover.unlink(missing_ok=True)
         if disks.frozen is not None:  # a capture's merge never ran
@@ -825,13 +893,14 @@ class QemuRuntime(Runtime):
 
     def usage(self, vm: Vm) -> Usage | None:
         assert isinstance(vm, QemuVm)
-        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disks.size)
+        return vm_usage(vm.pid, vm.cpus, vm.memory_mb, vm.disks.dir, vm.disk_mb << 20,
+                        vm.machine.disk_errors.count)
 
     def room(self) -> Room:
         keys = self.cache.keys()
         return Room(memory_free_mb=max(0, mem_available_mb() - self.reserve.memory_mb),
-                    disk_free_mb=max(0, free_mb(self.settings.disks_dir)
-                                     - self.reserve.disk_mb),
+                    disk_free_mb=max(0, self.reserve.disks.available()) >> 20,
+                    disk_promised_mb=self.reserve.disks.promised() >> 20,
                     cache_free_mb=free_mb(self.settings.hot_dir),
                     cached=tuple(keys[:MAX_ADVERTISED_KEYS]))
 

@@ -42,10 +42,17 @@ class QemuVm(Vm):
     # A stored capture's disk, flattened from the frozen layer while its RAM is hashed:
     # the frozen layer is merged or removed only after it.
     flattening: asyncio.Task | None = field(default=None, repr=False)
+    # its disk being grown to its quota (`quota` bytes) just after it came up
+    growing: asyncio.Task | None = field(default=None, repr=False)
+    quota: int = 0
 
     @property
     def pid(self) -> int | None:
         return self.machine.pid
+
+    @property
+    def disk_mb(self) -> int:  # type: ignore[override]
+        return max(self.quota, self.disks.size) >> 20
 
     @property
     def exited(self) -> bool:

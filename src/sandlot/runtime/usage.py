@@ -39,12 +39,12 @@ def allocated_bytes(directory: Path) -> int:
 
 
 def vm_usage(pid: int | None, cpus: int, memory_mb: int, disk_dir: Path,
-             disk_size: int) -> Usage | None:
+             disk_size: int, disk_errors: int = 0) -> Usage | None:
     if pid is None:
         return None
     try:
         return Usage(cpu_seconds=cpu_seconds(pid), memory_bytes=own_memory_bytes(pid),
                      memory_total_bytes=memory_mb << 20, disk_bytes=allocated_bytes(disk_dir),
-                     disk_total_bytes=disk_size, cpus=cpus)
+                     disk_total_bytes=disk_size, cpus=cpus, disk_errors=disk_errors)
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return None

@@ -115,7 +115,7 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
                    metadata: dict[str, str] | None = None, internet: bool = True,
                    network: Any = None, on_timeout: str = "kill",
                    auto_resume: bool = False, image: str | None = None,
-                   pause_memory: bool = True) -> Request:
+                   pause_memory: bool = True, disk_mb: int | None = None) -> Request:
     """``POST /v1/sandboxes``; with `snapshot_id` the sandbox is restored from that snapshot;
     with `image` it starts from that OCI image (built into a template on first use, which
     may take minutes: the read timeout is IMAGE_BUILD_TIMEOUT)."""
@@ -126,6 +126,8 @@ def create_sandbox(template: str | None = "base", *, snapshot_id: str | None = N
         "internet": internet, "network": network, "on_timeout": on_timeout,
         "auto_resume": auto_resume, "pause_memory": pause_memory,
     }
+    if disk_mb is not None:
+        body["disk_mb"] = disk_mb
     if image is None:
         return Request("POST", "/v1/sandboxes", json=body)
     return Request("POST", "/v1/sandboxes", json={**body, "image": image},

@@ -26,6 +26,7 @@ class SandboxInfo(_Model):
     state: str = "running"
     memory_mb: int | None = None
     cpus: int | None = None
+    disk_mb: int | None = None  # the disk its guest sees: its quota
     metadata: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     created_at: datetime | None = None
@@ -92,6 +93,7 @@ class SandboxMetrics(_Model):
     mem_total: int = 0
     disk_used: int = 0
     disk_total: int = 0
+    disk_errors: int = 0  # its disk I/Os the host failed
 
 
 class HostInfo(_Model):

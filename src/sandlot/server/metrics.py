@@ -1,5 +1,6 @@
 """Prometheus metrics at ``GET /metrics`` (prometheus-client, a registry per app): sandboxes
-by state, operation latencies, the warm pool, this host's room and the store's bytes.
+by state, operation latencies, the warm pool, this host's room (memory, disk it can still
+promise, the disks it promised) and the store's bytes.
 
 Latencies are observed where the operation is answered (routes) or finishes (a snapshot's
 `ready`, through SnapshotManager's hook); gauges are read from core when scraped."""
@@ -40,6 +41,11 @@ class Metrics:
                           "far, per template", ["template", "kind"], registry=self.registry)
         self.memory_free = Gauge("sandlot_host_memory_free_bytes", "Memory this host can still "
                                  "hand out (beyond its reserve)", registry=self.registry)
+        self.disk_free = Gauge("sandlot_host_disk_free_bytes", "Disk this host can still "
+                               "promise sandboxes (beyond its reserve and what the disks of "
+                               "its sandboxes may still take)", registry=self.registry)
+        self.disk_promised = Gauge("sandlot_host_disk_promised_bytes", "The disks (quotas) of "
+                                   "this host's sandboxes", registry=self.registry)
         self.slots_free = Gauge("sandlot_host_free_slots", "Sandboxes this host can still take",
                                 registry=self.registry)
         self.store_bytes = Gauge("sandlot_store_snapshot_bytes", "Bytes of ready snapshots: "
@@ -76,6 +82,8 @@ async def prometheus(request: Request) -> Response:
             if isinstance(pool.get(kind), int):
                 m.pool.labels(template, kind).set(pool[kind])
     m.memory_free.set(stats.memory_free_mb << 20)
+    m.disk_free.set(stats.disk_free_mb << 20)
+    m.disk_promised.set(stats.disk_promised_mb << 20)
     m.slots_free.set(stats.free_slots)
     m.store_bytes.labels("logical").set(stats.snapshot_bytes)
     m.store_bytes.labels("stored").set(stats.stored_bytes)

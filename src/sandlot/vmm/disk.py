@@ -36,6 +36,11 @@ CLUSTER = 65536
 # layer (qemu-img, the upload) reads it through the same page cache.
 DISK_HOST_OPTIONS = (",discard=unmap,detect-zeroes=unmap,cache.no-flush=on,"
                      "file.cache.no-flush=on")
+# A write the host cannot complete (its disks directory full: admission should never let it
+# come to that, runtime/capacity.py) fails in the guest as an I/O error, rather than stopping
+# the VM (QEMU's default for ENOSPC, `werror=enospc`), which would leave it frozen and
+# unanswering. Host-side too: a device property that changes nothing in its migration state.
+DISK_ERROR_POLICY = ",werror=report,rerror=report"
 # The same for an overlay opened over QMP (blockdev-add: a capture's next overlay).
 DISK_HOST_QMP = {"discard": "unmap", "detect-zeroes": "unmap", "cache": {"no-flush": True}}
 DISK_HOST_FILE_QMP = {"cache": {"no-flush": True}}
@@ -66,6 +71,15 @@ def backing_file(path: Path) -> Path | None:
         name = f.read(size).decode(errors="replace")
     backing = Path(name)
     return backing if backing.is_absolute() else path.parent / backing
+
+
+def virtual_size(path: Path) -> int:
+    """The disk size a qcow2's header says (a raw file: its length), read directly."""
+    with open(path, "rb") as f:
+        header = f.read(32)
+    if len(header) >= 32 and header[:4] == b"QFI\xfb":
+        return int.from_bytes(header[24:32], "big")
+    return path.stat().st_size
 
 
 async def create_overlay(path: Path, backing: Path, backing_fmt: str, size: int) -> None:
@@ -324,3 +338,22 @@ class DiskChain:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- size -----------------------------------------------------------------------------
+
+    def held(self) -> int:
+        """The bytes the writable layer (`top`) takes on the host now."""
+        try:
+            return self.top.stat().st_blocks * 512
+        except FileNotFoundError:
+            return 0
+
+    async def grow(self, machine, size: int) -> None:
+        """Grow the disk the guest sees to `size` bytes (QMP block_resize of the top layer:
+        the guest is told by the device's config interrupt); never shrinks. The layers a
+        capture stacks later have the new size; their flattened images keep it."""
+        if size <= self.size:
+            return
+        await machine.execute("block_resize", {"node-name": self.node, "size": size})
+        self.size = size
+

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 
-from qemu.qmp import QMPClient, QMPError
+from qemu.qmp import EventListener, QMPClient, QMPError
 
 from sandlot.errors import InvalidStateError, VmmError
 from sandlot.vmm.accel import accel_args
-from sandlot.vmm.disk import DISK_HOST_OPTIONS
+from sandlot.vmm.disk import DISK_ERROR_POLICY, DISK_HOST_OPTIONS
 from sandlot.vmm.jail import SECCOMP, Jail
 from sandlot.vmm.network import open_tap
 from sandlot.vmm.qemu import QEMU
@@ -150,7 +150,8 @@ class MachineSpec:
             "-blockdev",
             f"driver=qcow2,node-name=disk0,file.driver=file,file.filename={self.disk},"
             f"file.aio=threads,cache.direct=off{DISK_HOST_OPTIONS if host_options else ''}",
-            "-device", "virtio-blk-pci,drive=disk0,id=vda",
+            "-device", "virtio-blk-pci,drive=disk0,id=vda"
+            f"{DISK_ERROR_POLICY if host_options else ''}",
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,bus=vser0.0,chardev=agent,name=org.sandlot.agent",
@@ -178,6 +179,26 @@ class MachineSpec:
             return []
         return ["-object", self._backend("dimm0", self.dimm_mb, self.dimm_path, host_options),
                 "-device", "pc-dimm,id=pcdimm0,memdev=dimm0"]
+
+
+class DiskErrors(EventListener):
+    """Counts the disk writes and reads the host failed (QMP BLOCK_IO_ERROR: with
+    `werror=report` the guest gets an I/O error and runs on); queues no event."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("BLOCK_IO_ERROR")
+        self.name = name
+        self.count = 0
+
+    def accept(self, event) -> bool:
+        if super().accept(event):
+            self.count += 1
+            if self.count == 1 or self.count % 1000 == 0:
+                data = event.get("data") or {}
+                log.warning("VM %s: the host failed %d of its disk %ss (%s%s): its guest got "
+                            "I/O errors", self.name, self.count, data.get("operation", "I/O"),
+                            data.get("reason", "?"), ", no space" if data.get("nospace") else "")
+        return False
 
 
 class MachineState(StrEnum):
@@ -214,6 +235,8 @@ class Machine:
         self.qmp = QMPClient(f"sandlot-{spec.run_dir.name}")
         self._qmp_lock = asyncio.Lock()
         self.state = MachineState.LAUNCHING
+        self.disk_errors = DiskErrors(spec.run_dir.name)
+        self.qmp.register_listener(self.disk_errors)
         self._tracker: WriteTracker | None | bool = False  # False: not looked for yet
 
     def write_tracker(self) -> WriteTracker | None:

@@ -24,13 +24,13 @@ class AsyncSandboxes:
                      metadata: dict[str, str] | None = None, internet: bool = True,
                      network: Any = None, on_timeout: str = "kill",
                      auto_resume: bool = False, image: str | None = None,
-                     pause_memory: bool = True) -> AsyncSandbox:
+                     pause_memory: bool = True, disk_mb: int | None = None) -> AsyncSandbox:
         """Start a sandbox; see `AsyncSandbox.create`."""
         data = await self._api.call(_base.create_sandbox(
             template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
             timeout=timeout, metadata=metadata, internet=internet, network=network,
             on_timeout=on_timeout, auto_resume=auto_resume, image=image,
-            pause_memory=pause_memory))
+            pause_memory=pause_memory, disk_mb=disk_mb))
         return AsyncSandbox(self._api, SandboxInfo.model_validate(data))
 
     async def connect(self, sandbox_id: str) -> AsyncSandbox:

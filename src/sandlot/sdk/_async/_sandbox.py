@@ -65,6 +65,7 @@ class AsyncSandbox:
                      metadata: dict[str, str] | None = None, internet: bool = True,
                      network: Any = None, on_timeout: str = "kill", auto_resume: bool = False,
                      image: str | None = None, pause_memory: bool = True,
+                     disk_mb: int | None = None,
                      api_url: str | None = None, api_key: str | None = None) -> AsyncSandbox:
         """Start a sandbox from `template`, restore one from `snapshot_id`, or start one from
         the OCI image `image` (``"python:3.12-slim"``; see docs/images.md).
@@ -73,7 +74,9 @@ class AsyncSandbox:
         minutes for a large image), later ones are restores like any other. A bad reference
         raises `ImageError`, an image the registry does not have `ImageNotFoundError`.
 
-        `memory_mb`/`cpus` default to the template's (or snapshot's). The sandbox is killed
+        `memory_mb`/`cpus` default to the template's (or snapshot's). `disk_mb` is the disk
+        its guest sees, its quota (the server's default otherwise; never less than the
+        template's or snapshot's): past it the guest gets ENOSPC. The sandbox is killed
         `timeout` seconds after creation unless extended with `set_timeout`, or paused with
         ``on_timeout="pause"`` (its whole state kept, or with ``pause_memory=False`` its
         filesystem only; `resume` brings it back, and with `auto_resume` the next command,
@@ -86,7 +89,7 @@ class AsyncSandbox:
                 template, snapshot_id=snapshot_id, memory_mb=memory_mb, cpus=cpus, env=env,
                 timeout=timeout, metadata=metadata, internet=internet, network=network,
                 on_timeout=on_timeout, auto_resume=auto_resume, image=image,
-                pause_memory=pause_memory))
+                pause_memory=pause_memory, disk_mb=disk_mb))
         except BaseException:
             await api.aclose()
             raise

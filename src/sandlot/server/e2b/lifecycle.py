@@ -100,6 +100,8 @@ class Lifecycle:
         return CreateSandbox(snapshot_id=snap.snapshot_id)
 
     def disk_mb(self, rec: SandboxRecord) -> int:
+        if rec.disk_mb:
+            return rec.disk_mb
         try:
             size = (self.core.templates.builds / rec.build / "rootfs.ext4").stat().st_size
         except OSError:

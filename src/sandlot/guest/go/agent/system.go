@@ -116,16 +116,81 @@ func (a *agent) opConfigure(rid int64, h wire.Header, _ []byte) (reply, error) {
 		runtime.GC()
 		debug.FreeOSMemory()
 	}
+	out := reply{"time_ns": time.Now().UnixNano()}
+	if h.Truthy("disk_bytes") {
+		n, _, err := h.Int("disk_bytes")
+		if err != nil || n <= 0 {
+			return nil, invalid("disk_bytes must be a positive number")
+		}
+		size, err := growRootFS(n, diskWait)
+		if err != nil {
+			return nil, err
+		}
+		out["disk_bytes"] = size
+	}
 	if h.Truthy("cpus") {
 		n, _, err := h.Int("cpus")
 		if err != nil {
 			return nil, invalid("cpus must be a number")
 		}
 		setOnlineCPUs(int(n))
-		return reply{"time_ns": time.Now().UnixNano(), "cpus": onlineCPUs(),
-			"mem_kb": memTotalKB()}, nil
+		out["cpus"], out["mem_kb"] = onlineCPUs(), memTotalKB()
 	}
-	return reply{"time_ns": time.Now().UnixNano()}, nil
+	out["time_ns"] = time.Now().UnixNano()
+	return out, nil
+}
+
+// ext4's online resize: the new size in blocks (linux/ext4.h EXT4_IOC_RESIZE_FS).
+const ext4ResizeFS = 0x40086610
+
+var diskWait = 10 * time.Second
+
+// growRootFS grows the root filesystem to fill its block device once the device is at least
+// minBytes (the host grew it: the kernel learns the new capacity from the device's config
+// interrupt, a moment later). Growing only; returns the filesystem's size in bytes.
+func growRootFS(minBytes int64, wait time.Duration) (int64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/", &st); err != nil {
+		return 0, os.NewSyscallError("stat /", err)
+	}
+	major, minor := (st.Dev>>8)&0xfff|(st.Dev>>32)&^0xfff, st.Dev&0xff|(st.Dev>>12)&^0xff
+	sizePath := "/sys/dev/block/" + strconv.FormatUint(major, 10) + ":" +
+		strconv.FormatUint(minor, 10) + "/size"
+	deadline := time.Now().Add(wait)
+	var device int64
+	for {
+		data, err := os.ReadFile(sizePath)
+		if err != nil {
+			return 0, err
+		}
+		sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil {
+			return 0, invalid("%s: %v", sizePath, err)
+		}
+		device = sectors * 512
+		if device >= minBytes || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if device < minBytes {
+		return 0, invalid("the disk is %d bytes, not the %d asked for", device, minBytes)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs("/", &fs); err != nil {
+		return 0, os.NewSyscallError("statfs /", err)
+	}
+	f, err := os.Open("/")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	blocks := uint64(device) / uint64(fs.Bsize)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), ext4ResizeFS,
+		uintptr(unsafe.Pointer(&blocks))); errno != 0 {
+		return 0, os.NewSyscallError("EXT4_IOC_RESIZE_FS", errno)
+	}
+	return int64(blocks) * fs.Bsize, nil
 }
 
 func setClock(ns int64) error {
