@@ -75,9 +75,9 @@ class Upstream:
 
 
 @contextlib.asynccontextmanager
-async def serving(app):
-    """`app` under uvicorn on a loopback port of its own (lifespan included)."""
-    port = free_port()
+async def serving(app, port: int | None = None):
+    """`app` under uvicorn on a loopback port (its own by default), lifespan included."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning", ws="auto"))
     task = asyncio.create_task(server.serve())
@@ -284,3 +284,38 @@ async def test_e2b_names_and_the_sdk(env):
     child = forks.json()[0]["sandbox"]
     assert child["trafficAccessToken"] and child["trafficAccessToken"] != \
         sbx.traffic_access_token
+
+
+async def test_a_port_of_a_sandbox_on_another_host(tmp_path, postgres):
+    """Two hosts of a deployment: a port name asked of one reaches the sandbox the other
+    runs (forwarded with its Host), HTTP and WebSocket alike."""
+    upstream, database = Upstream(), postgres.new_database("ports" + str(free_port()))
+    ports = [free_port(), free_port()]
+    apps, runtimes = [], []
+    for i, port in enumerate(ports):
+        runtime = FakeRuntime()
+        settings = fake_settings(tmp_path / f"h{i}", e2b_domain=DOMAIN, database_url=database,
+                                 host_id=f"h-{i}", advertise_url=f"http://127.0.0.1:{port}",
+                                 store=str(tmp_path / "store"))
+        install_fake_template(settings, runtime)
+        apps.append(create_app(settings, runtime=runtime))
+        runtimes.append(runtime)
+    async with serving(upstream.app()) as up_port, serving(apps[0], ports[0]), \
+            serving(apps[1], ports[1]):
+        runtimes[1].listeners[PORT] = ("127.0.0.1", up_port)
+        key = "sl_test_ports"
+        await apps[0].state.core.db.add_key(key, "a")
+        there = Env(apps[1], runtimes[1], ports[1], key, upstream)
+        here = Env(apps[0], runtimes[0], ports[0], key, upstream)
+        sb = await there.create(network={"allowPublicTraffic": False})
+        sid, token = sb["sandboxID"], sb["trafficAccessToken"]
+        assert sid in apps[1].state.core.sandboxes.live
+        r = await here.get(sid, "/hello", headers={"e2b-traffic-access-token": token})
+        assert r.status_code == 200 and r.json() == {"hello": "from the sandbox"}
+        assert upstream.seen[-1]["headers"]["host"] == f"{PORT}-{sid}.{DOMAIN}"
+        assert (await here.get(sid, "/hello")).status_code == 403
+        async with here.ws(sid, additional_headers={"e2b-traffic-access-token": token}) as ws:
+            await ws.send("far")
+            assert await ws.recv() == "FAR"
+        for e in (here, there):
+            await e.http.aclose()

@@ -168,7 +168,7 @@ class ForwardToOwner:
                 host, port, tls = ports.peer_address(url)
                 token = scope["app"].state.peers.token
                 await ports.relay_websocket(scope, receive, send, host, port,
-                                            [(FORWARDED.encode(), token.encode())], tls)
+                                            (FORWARDED.encode(), token.encode()), tls)
             return
 
         async def here() -> None:

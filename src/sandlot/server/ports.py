@@ -287,9 +287,10 @@ async def deny(scope: Scope, send: Send, status: int, message: str, sandbox_id: 
 
 
 async def relay_websocket(scope: Scope, receive: Receive, send: Send, host: str, port: int,
-                          extra: list[tuple[bytes, bytes]] = (), tls: bool = False) -> None:
-    """Relay a WebSocket whose `websocket.connect` was received to `host`:`port` (the
-    sandbox's port, or a peer host with `extra` headers), messages both ways, then the close.
+                          peer: tuple[bytes, bytes] | None = None, tls: bool = False) -> None:
+    """Relay a WebSocket whose `websocket.connect` was received to `host`:`port`, messages
+    both ways, then the close: to the sandbox's port, or to the `peer` host that runs it (its
+    forwarding header given; the request's headers go as they came, the token included).
     The handshake names the public host, so a peer routes it as this host did."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -298,8 +299,12 @@ async def relay_websocket(scope: Scope, receive: Receive, send: Send, host: str,
     path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
     query = (scope.get("query_string") or b"").decode("latin-1")
     uri = f"{'wss' if tls else 'ws'}://{name}{path}" + ("?" + query if query else "")
-    headers = [(k.decode("latin-1"), v.decode("latin-1"))
-               for k, v in [*_passed_headers(scope, ws=True), *extra]]
+    if peer is None:
+        passed = _passed_headers(scope, ws=True)
+    else:
+        passed = [(k, v) for k, v in scope.get("headers") or ()
+                  if k == TOKEN_HEADER or k not in HOP_BY_HOP | WS_HANDSHAKE] + [peer]
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in passed]
     sandbox_id = (target_of(scope) or (0, ""))[1]
     kw = {"server_hostname": host} if tls else {}
     try:
