@@ -213,11 +213,20 @@ class PortRoutes:
                 if not message.get("more_body", False):
                     return
 
-        request = httpx.Request(scope["method"], url, headers=headers,
-                                content=stream() if body else None,
-                                extensions={"timeout": TIMEOUTS})
+        transport = scope["app"].state.port_transport
         try:
-            response = await scope["app"].state.port_transport.handle_async_request(request)
+            for attempt in (1, 2):
+                request = httpx.Request(scope["method"], url, headers=headers,
+                                        content=stream() if body else None,
+                                        extensions={"timeout": TIMEOUTS})
+                try:
+                    response = await transport.handle_async_request(request)
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError):
+                    # a kept-alive connection the sandbox's server closed as it was reused:
+                    # a request without a body is sent again on a new one
+                    if body or attempt == 2:
+                        raise
         except httpx.HTTPError as e:
             log.info("port %d of %s did not answer: %s", port, sandbox_id, e)
             await deny(scope, send, 502, f"The sandbox is running but port {port} is not open "
