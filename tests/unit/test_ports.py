@@ -264,6 +264,9 @@ async def test_e2b_names_and_the_sdk(env):
                             headers={"host": f"api.{DOMAIN}", "x-api-key": env.key})
     assert r.status_code == 201, r.text
     sid, token = r.json()["sandboxID"], r.json()["envdAccessToken"]
+    r = await env.http.get("/v1/sandboxes", headers={"host": f"api.{DOMAIN}",
+                                                     "authorization": f"Bearer {env.key}"})
+    assert r.status_code == 200  # sandlot's own paths stay as they are
     r = await env.get(sid, "/health", port=49983)
     assert r.status_code == 401  # envd's own routes and auth
     r = await env.get(sid, "/health", port=49983, headers={"x-access-token": token})

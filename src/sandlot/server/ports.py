@@ -46,6 +46,9 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trail
 WS_HANDSHAKE = {b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
                 b"sec-websocket-protocol", b"sec-websocket-accept"}
 WS_MAX_MESSAGE = 16 << 20  # as uvicorn's own limit on the client's side
+# sandlot's own paths, left alone on api.<domain> (a server may be reached by that name)
+OWN_PATHS = ("/e2b/", "/v1/", "/health", "/metrics", "/openapi.json", "/docs", "/redoc",
+             "/files")
 TIMEOUTS = {"connect": 10.0, "read": None, "write": None, "pool": 30.0}
 
 
@@ -101,7 +104,7 @@ class E2BNames:
         name = _name(scope) if scope["type"] == "http" else None
         if name is not None:
             m = NAME.match(name[0])
-            if name[0] == "api":
+            if name[0] == "api" and not scope["path"].startswith(OWN_PATHS):
                 scope = _rewritten(scope, "/e2b")
             elif m is not None and int(m.group(1)) == ENVD_PORT:
                 scope = _rewritten(scope, "/e2b/envd", m.group(2))
