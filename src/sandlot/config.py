@@ -140,6 +140,9 @@ class Settings:
     heartbeat_interval: float = 2.0
     metrics_interval: float = 5.0  # seconds between samples of each sandbox's usage
     host_timeout: float = 6.0
+    # SANDLOT_E2B_DOMAIN: E2B's sandbox domain; `<port>-<sandbox id>.<domain>` reaches that
+    # port of the sandbox (server/ports.py). None: no such names are served.
+    e2b_domain: str | None = None
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -175,7 +178,9 @@ class Settings:
                                           max(4, _mem_total_mb() // 256)) or 1,
                    heartbeat_interval=_float_env("SANDLOT_HEARTBEAT", 2.0),
                    host_timeout=_float_env("SANDLOT_HOST_TIMEOUT", 6.0),
-                   metrics_interval=_float_env("SANDLOT_METRICS_INTERVAL", 5.0))
+                   metrics_interval=_float_env("SANDLOT_METRICS_INTERVAL", 5.0),
+                   e2b_domain=(os.environ.get("SANDLOT_E2B_DOMAIN") or "").strip(". ").lower()
+                   or None)
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic.json_schema import SkipJsonSchema
 
 from sandlot.errors import InvalidStateError, without_paths
 
@@ -116,6 +117,8 @@ class SandboxRecord(BaseModel):
     user: str | None = Field(None, exclude=True)  # commands' default user (an image's USER)
     paused_snapshot: str | None = Field(None, exclude=True)
     owner: str | None = Field(None, exclude=True)  # its tenant (core/tenancy.py)
+    # False: its port URLs need its traffic access token (E2B's allow_public_traffic)
+    public_traffic: bool = Field(True, exclude=True)
 
     @property
     def key(self) -> str:
@@ -174,6 +177,8 @@ class SandboxOverrides(BaseModel):
     pause_memory: bool = True
     # a paused sandbox resumes by itself on the next request that needs it running
     auto_resume: bool = False
+    # E2B's allow_public_traffic (server/ports.py); not part of sandlot's own API
+    public_traffic: SkipJsonSchema[bool] = True
 
 
 class CreateSandbox(SandboxOverrides):

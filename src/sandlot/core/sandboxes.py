@@ -288,7 +288,7 @@ class SandboxManager:
             internet=req.internet, network=req.network, generation=new_generation(),
             on_timeout=req.on_timeout, pause_memory=req.pause_memory,
             auto_resume=req.auto_resume, image_key=image.key, build=image.build,
-            workdir=source.workdir, user=source.user,
+            workdir=source.workdir, user=source.user, public_traffic=req.public_traffic,
         )
         self.runtime.check_plan(image, plan_of(rec))
         return rec
@@ -509,7 +509,8 @@ class SandboxManager:
                                 internet=parent.internet, network=parent.network,
                                 on_timeout=parent.on_timeout,
                                 pause_memory=parent.pause_memory,
-                                auto_resume=parent.auto_resume)
+                                auto_resume=parent.auto_resume,
+                                public_traffic=parent.public_traffic)
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)

@@ -416,7 +416,9 @@ class FakeVm(Vm):
 
 class FakeRuntime(Runtime):
     """Images and VMs in memory. Knobs for tests: `fail_restores` (that many next restores
-    fail), `persist_delay` (s an upload takes), `fail_persist` (uploads fail with it)."""
+    fail), `persist_delay` (s an upload takes), `fail_persist` (uploads fail with it),
+    `listeners` (guest port -> a real host address its `expose` gives, e.g. a test's
+    server; other ports: an address nothing listens on)."""
 
     def __init__(self, qemu: QemuInfo = FAKE_QEMU) -> None:
         self.qemu = qemu
@@ -429,6 +431,7 @@ class FakeRuntime(Runtime):
         self.persist_delay = 0.0
         self.fail_persist: str | None = None
         self.restores = 0
+        self.listeners: dict[int, tuple[str, int]] = {}
 
 
     def usage(self, vm: Vm) -> Usage | None:
@@ -548,7 +551,7 @@ class FakeRuntime(Runtime):
         vm.network = policy
 
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
-        return "127.0.0.1", 40000 + port
+        return self.listeners.get(port, ("127.0.0.1", 40000 + port))
 
     async def recover(self, expected: dict[str, NetworkPolicy | None],
                       keep_images: set[str]) -> dict[str, Vm]:

@@ -27,6 +27,7 @@ from sandlot.server.e2b.state import start_e2b_state
 from sandlot.server.forward import PEER_SECRET, ForwardToOwner, Peers
 from sandlot.server.metrics import Metrics
 from sandlot.server.metrics import router as metrics_router
+from sandlot.server.ports import E2BNames, PortRoutes, new_transport
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_files import router as files_router
@@ -64,10 +65,12 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         await start_e2b_state(app.state, core)
         core.snapshots.on_ready = lambda rec: app.state.metrics.observe(
             "snapshot", (rec.ready_at - rec.created_at).total_seconds())
+        app.state.port_transport = new_transport()
         app.state.core = core
         try:
             yield
         finally:
+            await app.state.port_transport.aclose()
             await app.state.peers.close()
             await core.stop(kill_sandboxes=kill_on_shutdown)
 
@@ -81,7 +84,10 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.add_exception_handler(Exception, errors.unexpected_error)
     app.add_middleware(BodyLimit, limit=settings.limits.body_bytes)
     app.add_middleware(AutoResume, get_core=lambda: getattr(app.state, "core", None))
+    # <port>-<sandbox id>.<domain>: to the sandbox's port (server/ports.py)
+    app.add_middleware(PortRoutes, get_core=lambda: getattr(app.state, "core", None))
     app.add_middleware(ForwardToOwner, get_core=lambda: getattr(app.state, "core", None))
+    app.add_middleware(E2BNames)  # api.<domain>, 49983-<sandbox id>.<domain>: E2B's URLs
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router,
                    hosts_router):

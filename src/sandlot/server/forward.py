@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,6 +26,7 @@ from sandlot.core.hosts import HostInfo
 from sandlot.core.models import CreateSandbox, SandboxRecord
 from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, HostUnavailableError, error_from_answer
+from sandlot.server import ports
 from sandlot.server.errors import error_body
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,10 @@ SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
 
 
 def sandbox_of(scope: Scope) -> str | None:
-    """The sandbox a request is about, if any."""
+    """The sandbox a request is about, if any (a port name's too: server/ports.py)."""
+    target = ports.target_of(scope)
+    if target is not None:
+        return target[1]
     path = scope.get("path", "")
     m = SANDBOX_PATH.match(path)
     if m:
@@ -62,7 +67,9 @@ class Peers:
         self.token = token  # what marks a request as one host's to another
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32))
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+            # relayed answers (a sandbox's web app's) set cookies for their caller only
+            cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -107,7 +114,8 @@ class Peers:
         query = scope.get("query_string") or b""
         url = base_url.rstrip("/") + path.decode("latin-1") + (
             "?" + query.decode("latin-1") if query else "")
-        headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in HOP_BY_HOP]
+        headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in HOP_BY_HOP
+                   or (k == b"host" and ports.target_of(scope) is not None)]  # routes it
         headers.append((FORWARDED.encode(), self.token.encode()))
 
         async def stream():
@@ -170,7 +178,8 @@ class ForwardToOwner:
         self.get_core = get_core
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        core = self.get_core() if scope["type"] == "http" else None
+        websocket = scope["type"] == "websocket" and ports.target_of(scope) is not None
+        core = self.get_core() if scope["type"] == "http" or websocket else None
         if core is None or not core.hosts.shared or forwarded(scope):
             await self.app(scope, receive, send)
             return
@@ -189,6 +198,14 @@ class ForwardToOwner:
         if url is None:  # here, unknown, or its host is gone: answered here
             await self.app(scope, receive, send)
             return
+        if websocket:  # a port's WebSocket: relayed whole to the host that runs it
+            if (await receive())["type"] == "websocket.connect":
+                host, port, tls = ports.peer_address(url)
+                token = scope["app"].state.peers.token
+                await ports.relay_websocket(scope, receive, send, host, port,
+                                            (FORWARDED.encode(), token.encode()), tls)
+            return
+
         async def here() -> None:
             await self.app(scope, receive, send)
 

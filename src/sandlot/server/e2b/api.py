@@ -22,6 +22,7 @@ from sandlot.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from sandlot.server import ports
 from sandlot.server.auth import bearer_key, who
 from sandlot.server.deps import core
 from sandlot.server.e2b import convert
@@ -138,8 +139,13 @@ def _check_create(body: NewSandbox) -> None:
                           "from a snapshot that has them")
 
 
+def _created(st: E2BState, rec: SandboxRecord) -> dict:
+    return convert.created(rec, st.tokens.token(rec.sandbox_id)) | ports.e2b_fields(
+        st.lifecycle.core, st.tokens, rec)
+
+
 def _answer(st: E2BState, rec: SandboxRecord, status: int) -> JSONResponse:
-    return JSONResponse(convert.created(rec, st.tokens.token(rec.sandbox_id)), status)
+    return JSONResponse(_created(st, rec), status)
 
 
 # ---- sandboxes ---------------------------------------------------------------------------
@@ -157,7 +163,9 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         network=_network(body.network),
                         on_timeout="pause" if body.auto_pause else "kill",
                         pause_memory=body.auto_pause_memory is not False,
-                        auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")))
+                        auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")),
+                        public_traffic=(body.network or {}).get("allowPublicTraffic")
+                        is not False)
     rec = await c.placement.create(req, who(request), placed=forwarded(request.scope))
     return _answer(st, rec, 201)
 
@@ -219,7 +227,8 @@ async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     st = e2b_state(request)
     rec, state = await st.lifecycle.state_of(sandbox_id, who(request))
     return JSONResponse(convert.detail(rec, state, st.lifecycle.disk_mb(rec),
-                                       st.tokens.token(sandbox_id)))
+                                       st.tokens.token(sandbox_id))
+                        | {"domain": core(request).settings.e2b_domain})
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
@@ -297,7 +306,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
     out = []
     for r in results:
         if isinstance(r, SandboxRecord):
-            out.append({"sandbox": convert.created(r, st.tokens.token(r.sandbox_id))})
+            out.append({"sandbox": _created(st, r)})
         else:
             out.append({"error": {"code": r.status, "message": public_message(r)}})
     return JSONResponse(out, 201)

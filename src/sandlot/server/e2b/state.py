@@ -50,6 +50,12 @@ class AccessTokens:
     def check(self, sandbox_id: str, token: str) -> bool:
         return hmac.compare_digest(self.token(sandbox_id), token)
 
+    def traffic(self, sandbox_id: str) -> str:
+        """The sandbox's traffic access token (its port URLs, server/ports.py): another
+        HMAC under the same key, so neither token gives away the other."""
+        return hmac.new(self._key, b"traffic:" + sandbox_id.encode(),
+                        hashlib.sha256).hexdigest()[:40]
+
 
 @dataclass
 class ProcessConfig:
