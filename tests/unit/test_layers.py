@@ -38,3 +38,13 @@ def test_the_server_uses_cores_public_calls() -> None:
             code = line.split("#")[0]
             if re.search(r"\b(core|c|ctx\.core|self\.core)\b", code) and reach.search(code):
                 raise AssertionError(f"{path.relative_to(SRC)}:{n}: {line.strip()}")
+
+
+def test_core_reaches_the_machine_layer_through_the_runtime_interface() -> None:
+    """Core's managers use `runtime.base` only; the template build pipeline (core/templates.py,
+    to move to images/: issue 27) is the one exception left."""
+    for path in sorted((SRC / "core").rglob("*.py")):
+        low = {m for m in imports(path) if m.startswith(("sandlot.runtime", "sandlot.vmm"))}
+        if path.name == "templates.py":
+            continue
+        assert low <= {"sandlot.runtime.base"}, f"{path.relative_to(SRC)} imports {low}"

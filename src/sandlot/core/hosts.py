@@ -25,8 +25,7 @@ from sandlot.config import Settings
 from sandlot.core.background import stop_task
 from sandlot.core.db import HostRow, MetadataStore
 from sandlot.errors import CapacityError, NotFoundError
-from sandlot.runtime.base import Runtime
-from sandlot.runtime.capacity import QEMU_OVERHEAD_MB
+from sandlot.runtime.base import VM_OVERHEAD_MB, Runtime
 
 log = logging.getLogger(__name__)
 LOST_REASON = "its host {host} stopped answering"
@@ -201,9 +200,9 @@ class Hosts:
                 h.sandboxes, h.slots = self._running(), self.settings.max_sandboxes
             if h.free_slots < 1:
                 why.append(f"{h.id}: all {h.slots} sandbox slots taken")
-            elif h.memory_free_mb < need.memory_mb + QEMU_OVERHEAD_MB:
+            elif h.memory_free_mb < need.memory_mb + VM_OVERHEAD_MB:
                 why.append(f"{h.id}: {h.memory_free_mb} MiB free, needs "
-                           f"{need.memory_mb + QEMU_OVERHEAD_MB} MiB")
+                           f"{need.memory_mb + VM_OVERHEAD_MB} MiB")
             else:
                 fits.append(h)
         if not fits:

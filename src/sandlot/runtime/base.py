@@ -29,8 +29,12 @@ from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
 from sandlot.vmm.cpu import HostCpu, choose_model
 from sandlot.vmm.description import MachineDescription
+from sandlot.vmm.jail import QEMU_OVERHEAD_MB
 from sandlot.vmm.network import NetworkPolicy
 from sandlot.vmm.qemu import QemuInfo
+
+# What a VM costs its host beyond its guest RAM (placement ranks hosts by it).
+VM_OVERHEAD_MB = QEMU_OVERHEAD_MB
 
 __all__ = [
     "Captured", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
