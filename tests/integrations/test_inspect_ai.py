@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -115,15 +117,48 @@ def test_eval_with_the_mock_model(inspect_task, tmp_path):
     assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
 
 
-def test_inspect_finds_the_provider_by_its_entry_point():
+CLI_TASK = """
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import includes
+from inspect_ai.solver import solver
+from inspect_ai.util import sandbox
+
+
+@solver
+def shell():
+    async def solve(state, generate):
+        result = await sandbox().exec(["sh", "-c", f"echo {state.input} from $(hostname)"])
+        state.output.completion = result.stdout
+        return state
+    return solve
+
+
+@task
+def two_samples():
+    return Task(dataset=[Sample(input="one", target="one from"),
+                         Sample(input="two", target="two from")],
+                solver=shell(), scorer=includes())
+"""
+
+
+def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
+    """`inspect eval --sandbox sandlot` with the mock model: Inspect finds the provider by its
+    entry point (installed by `pip install -e .`)."""
     eps = importlib.metadata.entry_points(group="inspect_ai")
     if not any(ep.name == "sandlot" for ep in eps):
         pytest.skip("sandlot is not installed with its entry points (pip install -e .)")
-    code = ("from inspect_ai.util._sandbox.registry import registry_find_sandboxenv as f;"
-            "print(f('sandlot').__name__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "SandlotSandboxEnvironment"
+    (tmp_path / "two.py").write_text(CLI_TASK)
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "eval", "two.py", "--sandbox", "sandlot",
+         "--model", "mockllm/model", "--log-dir", "logs", "--log-format", "json",
+         "--display", "plain"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [log_file] = (tmp_path / "logs").glob("*.json")
+    log = json.loads(log_file.read_text())
+    assert log["status"] == "success"
+    assert [s["scores"]["includes"]["value"] for s in log["samples"]] == ["C", "C"]
 
 
 async def test_cli_cleanup_kills_what_is_left(inspect_task):
