@@ -65,3 +65,8 @@ def test_errors_map_to_the_os_errors_inspect_expects():
 
     assert isinstance(_os_error(NotFoundError("sandbox sb-1 not found"), "f"),
                       SandboxUnavailableError)
+
+
+def test_config_is_hashable_with_env():
+    a, b = SandlotConfig(env={"A": "1"}), SandlotConfig(env={"A": "1"})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1

@@ -84,6 +84,9 @@ class SandlotConfig(BaseModel):
     timeout: int = 4 * 3600
     api_url: str | None = None
 
+    def __hash__(self) -> int:  # Inspect keys its sandbox caches by config (env is a dict)
+        return hash(self.model_dump_json())
+
 
 def load_config(config: SandboxEnvironmentConfigType | None) -> SandlotConfig:
     """The `SandlotConfig` of Inspect's `config`: None, a model, a ``.json``/``.yaml`` file,
