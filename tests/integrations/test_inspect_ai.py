@@ -30,14 +30,18 @@ TASK = "sandlot-selfcheck"
 # The task's setup: a file, and a process that must still run in every sample.
 SETUP = ("mkdir -p /opt/warm && echo ready > /opt/warm/marker && "
          "(setsid sleep 100000 >/dev/null 2>&1 < /dev/null &)")
-CONFIG = SandlotConfig(setup=SETUP, timeout=1800)
+# As Inspect runs its checks for docker: as root, and as a user of the template's own.
+CONFIGS = {"root": SandlotConfig(setup=SETUP, timeout=1800),
+           "nonroot": SandlotConfig(setup=SETUP + " && useradd -m agent", user="agent",
+                                    timeout=1800)}
 
 
-@pytest.fixture(scope="module")
-def inspect_task(server):
-    asyncio.run(SandlotSandboxEnvironment.task_init(TASK, CONFIG))
-    yield TASK, CONFIG
-    asyncio.run(SandlotSandboxEnvironment.task_cleanup(TASK, CONFIG, True))
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def inspect_task(request, server):
+    cfg = CONFIGS[request.param]
+    asyncio.run(SandlotSandboxEnvironment.task_init(TASK, cfg))
+    yield TASK, cfg
+    asyncio.run(SandlotSandboxEnvironment.task_cleanup(TASK, cfg, True))
 
 
 @pytest.fixture
@@ -92,12 +96,13 @@ async def test_connection_names_the_sandbox(sandbox_env):
     assert conn.type == "sandlot" and sandbox_env.sandlot.sandbox_id in conn.command
 
 
-def test_eval_with_the_mock_model(inspect_task, tmp_path):
-    """A two-sample task run by Inspect itself (task_init, samples, scorer, cleanup)."""
+def test_eval_with_the_mock_model(server, tmp_path):
+    """A two-sample task run by Inspect itself (task_init, samples, scorer, cleanup). No
+    `generate()`: the mock model's token count would fetch a tokenizer from the network."""
     from inspect_ai import Task, eval
     from inspect_ai.dataset import Sample
     from inspect_ai.scorer import includes
-    from inspect_ai.solver import generate, solver
+    from inspect_ai.solver import solver
     from inspect_ai.util import sandbox
 
     @solver
@@ -110,7 +115,7 @@ def test_eval_with_the_mock_model(inspect_task, tmp_path):
 
     task = Task(dataset=[Sample(input="one", target="one-ready"),
                          Sample(input="two", target="two-ready")],
-                solver=[generate(), read_marker()], scorer=includes(),
+                solver=read_marker(), scorer=includes(),
                 sandbox=("sandlot", SandlotConfig(setup=SETUP, timeout=600)))
     [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
     assert log.status == "success", log.error
