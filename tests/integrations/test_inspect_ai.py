@@ -91,6 +91,16 @@ async def test_exec_unknown_cwd_and_binary_output(sandbox_env):
     assert out.stdout == "a\ufffdb"
 
 
+async def test_write_keeps_an_existing_files_mode_and_owner(sandbox_env):
+    await sandbox_env.write_file("/tmp/run.sh", "#!/bin/sh\necho one\n")
+    await sandbox_env.exec(["chmod", "750", "/tmp/run.sh"], user="root")
+    await sandbox_env.exec(["chown", "nobody", "/tmp/run.sh"], user="root")
+    await sandbox_env.write_file("/tmp/run.sh", "#!/bin/sh\necho two\n")
+    stat = await sandbox_env.exec(["stat", "-c", "%a %U", "/tmp/run.sh"])
+    assert stat.stdout == "750 nobody\n"
+    assert (await sandbox_env.exec(["/tmp/run.sh"], user="root")).stdout == "two\n"
+
+
 async def test_connection_names_the_sandbox(sandbox_env):
     conn = await sandbox_env.connection()
     assert conn.type == "sandlot" and sandbox_env.sandlot.sandbox_id in conn.command

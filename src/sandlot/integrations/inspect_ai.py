@@ -435,8 +435,16 @@ class SandlotSandboxEnvironment(SandboxEnvironment):
                 and not info.mode & 0o200:
             # as Inspect's docker provider reads: a file its owner may not write is read-only
             raise PermissionError(errno.EACCES, "Permission denied", file)
+        # an overwrite keeps the file's owner and mode (as `tee` into it would)
+        owner = info.owner if info is not None and info.owner and not info.owner.isdigit() \
+            else self._user
         try:
-            await self.sandlot.files.write(path, contents, user=self._user)
+            written = await self.sandlot.files.write(path, contents, user=owner)
+            if info is not None and info.type == "file" and info.mode is not None \
+                    and written.mode != info.mode:
+                mode = format(info.mode & 0o7777, "o")
+                await self.sandlot.commands.run(f"/bin/chmod {mode} -- {shlex.quote(path)}",
+                                                user="root", timeout=60, check=True)
         except SandlotError as exc:
             raise _os_error(exc, file) from exc
 
