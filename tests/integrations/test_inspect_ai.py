@@ -174,6 +174,10 @@ def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
     log = json.loads(log_file.read_text())
     assert log["status"] == "success"
     assert [s["scores"]["includes"]["value"] for s in log["samples"]] == ["C", "C"]
+    cleanup = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "sandbox", "cleanup", "sandlot"],
+        capture_output=True, text=True, timeout=300)
+    assert cleanup.returncode == 0 and "sandlot: killed" in cleanup.stdout, cleanup.stderr
 
 
 async def test_cli_cleanup_kills_what_is_left(inspect_task):
