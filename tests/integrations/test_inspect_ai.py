@@ -1,0 +1,194 @@
+"""The Inspect AI provider (sandlot.integrations.inspect_ai) against real VMs: Inspect's own
+sandbox self-check suite, samples restored from the task's warmed snapshot, fork, cleanup and
+an end-to-end `eval` with Inspect's mock model."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("inspect_ai")
+
+from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F403 - Inspect's checks
+
+from sandlot import AsyncSandlot  # noqa: E402
+from sandlot.integrations.inspect_ai import (  # noqa: E402
+    TAG,
+    SandlotConfig,
+    SandlotSandboxEnvironment,
+)
+
+pytestmark = pytest.mark.vm
+
+TASK = "sandlot-selfcheck"
+# The task's setup: a file, and a process that must still run in every sample.
+SETUP = ("mkdir -p /opt/warm && echo ready > /opt/warm/marker && "
+         "(setsid sleep 100000 >/dev/null 2>&1 < /dev/null &)")
+# As Inspect runs its checks for docker: as root, and as a user of the template's own.
+CONFIGS = {"root": SandlotConfig(setup=SETUP, timeout=1800),
+           "nonroot": SandlotConfig(setup=SETUP + " && useradd -m agent", user="agent",
+                                    timeout=1800)}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def inspect_task(request, server):
+    cfg = CONFIGS[request.param]
+    asyncio.run(SandlotSandboxEnvironment.task_init(TASK, cfg))
+    yield TASK, cfg
+    asyncio.run(SandlotSandboxEnvironment.task_cleanup(TASK, cfg, True))
+
+
+@pytest.fixture
+async def sandbox_env(inspect_task):
+    """One sample's environment, restored from the task's snapshot (what the checks use)."""
+    name, cfg = inspect_task
+    envs = await SandlotSandboxEnvironment.sample_init(name, cfg, {})
+    yield envs["default"]
+    await SandlotSandboxEnvironment.sample_cleanup(name, cfg, envs, False)
+
+
+async def test_sample_starts_from_the_warm_snapshot(sandbox_env):
+    assert await sandbox_env.read_file("/opt/warm/marker") == "ready\n"
+    ps = await sandbox_env.exec(["sh", "-c", "ps -eo args | grep '^sleep 100000' | grep -v grep"])
+    assert ps.success and "sleep 100000" in ps.stdout
+    info = await sandbox_env.sandlot.get_info()
+    assert info.snapshot_id is not None and info.metadata.get(TAG) == "sample"
+
+
+async def test_fork_copies_the_sample_as_it_is(sandbox_env):
+    await sandbox_env.write_file("state.txt", "reached")
+    copies = await sandbox_env.fork(2)
+    assert len(copies) == 2
+    for i, copy in enumerate(copies):
+        assert await copy.read_file("state.txt") == "reached"
+        await copy.write_file("state.txt", f"copy {i}")
+    assert await sandbox_env.read_file("state.txt") == "reached"
+    assert [await c.read_file("state.txt") for c in copies] == ["copy 0", "copy 1"]
+    await copies[0].close()
+    assert not await copies[0].sandlot.is_running()
+    assert await copies[1].sandlot.is_running()
+
+
+async def test_exec_output_keeps_the_tail_past_the_limit(sandbox_env):
+    from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+
+    with override_max_exec_output_size(1000):
+        result = await sandbox_env.exec(["sh", "-c", "seq 1 2000; echo end"])
+    assert result.success and len(result.stdout.encode()) <= 1000
+    assert result.stdout.endswith("1999\n2000\nend\n")
+
+
+async def test_exec_unknown_cwd_and_binary_output(sandbox_env):
+    bad = await sandbox_env.exec(["ls"], cwd="/no/such/dir")
+    assert not bad.success and "/no/such/dir" in bad.stderr
+    out = await sandbox_env.exec(["printf", "a\\377b"])
+    assert out.stdout == "a\ufffdb"
+
+
+async def test_write_keeps_an_existing_files_mode_and_owner(sandbox_env):
+    await sandbox_env.write_file("/tmp/run.sh", "#!/bin/sh\necho one\n")
+    await sandbox_env.exec(["chmod", "750", "/tmp/run.sh"], user="root")
+    await sandbox_env.exec(["chown", "nobody", "/tmp/run.sh"], user="root")
+    await sandbox_env.write_file("/tmp/run.sh", "#!/bin/sh\necho two\n")
+    stat = await sandbox_env.exec(["stat", "-c", "%a %U", "/tmp/run.sh"])
+    assert stat.stdout == "750 nobody\n"
+    assert (await sandbox_env.exec(["/tmp/run.sh"], user="root")).stdout == "two\n"
+
+
+async def test_connection_names_the_sandbox(sandbox_env):
+    conn = await sandbox_env.connection()
+    assert conn.type == "sandlot" and sandbox_env.sandlot.sandbox_id in conn.command
+
+
+def test_eval_with_the_mock_model(server, tmp_path):
+    """A two-sample task run by Inspect itself (task_init, samples, scorer, cleanup). No
+    `generate()`: the mock model's token count would fetch a tokenizer from the network."""
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import solver
+    from inspect_ai.util import sandbox
+
+    @solver
+    def read_marker():
+        async def solve(state, generate_):
+            echo = f"echo {state.input}-$(cat /opt/warm/marker)"
+            state.output.completion = (await sandbox().exec(["sh", "-c", echo])).stdout
+            return state
+        return solve
+
+    task = Task(dataset=[Sample(input="one", target="one-ready"),
+                         Sample(input="two", target="two-ready")],
+                solver=read_marker(), scorer=includes(),
+                sandbox=("sandlot", SandlotConfig(setup=SETUP, timeout=600)))
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
+
+
+CLI_TASK = """
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import includes
+from inspect_ai.solver import solver
+from inspect_ai.util import sandbox
+
+
+@solver
+def shell():
+    async def solve(state, generate):
+        result = await sandbox().exec(["sh", "-c", f"echo {state.input} from $(hostname)"])
+        state.output.completion = result.stdout
+        return state
+    return solve
+
+
+@task
+def two_samples():
+    return Task(dataset=[Sample(input="one", target="one from"),
+                         Sample(input="two", target="two from")],
+                solver=shell(), scorer=includes())
+"""
+
+
+def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
+    """`inspect eval --sandbox sandlot` with the mock model: Inspect finds the provider by its
+    entry point (installed by `pip install -e .`)."""
+    eps = importlib.metadata.entry_points(group="inspect_ai")
+    if not any(ep.name == "sandlot" for ep in eps):
+        pytest.skip("sandlot is not installed with its entry points (pip install -e .)")
+    (tmp_path / "two.py").write_text(CLI_TASK)
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "eval", "two.py", "--sandbox", "sandlot",
+         "--model", "mockllm/model", "--log-dir", "logs", "--log-format", "json",
+         "--display", "plain"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [log_file] = (tmp_path / "logs").glob("*.json")
+    log = json.loads(log_file.read_text())
+    assert log["status"] == "success"
+    assert [s["scores"]["includes"]["value"] for s in log["samples"]] == ["C", "C"]
+    cleanup = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "sandbox", "cleanup", "sandlot"],
+        capture_output=True, text=True, timeout=300)
+    assert cleanup.returncode == 0 and "sandlot: killed" in cleanup.stdout, cleanup.stderr
+
+
+async def test_cli_cleanup_kills_what_is_left(inspect_task):
+    """Last in this file: it also deletes the task snapshots of this provider."""
+    name, cfg = inspect_task
+    envs = await SandlotSandboxEnvironment.sample_init(name, cfg, {})
+    left = envs["default"].sandlot
+    await SandlotSandboxEnvironment.cli_cleanup(None)
+    assert not await left.is_running()
+    async with AsyncSandlot() as client:
+        assert not await client.sandboxes.list({TAG: "sample"})
+        assert not [s for s in await client.snapshots.list()
+                    if (s.name or "").startswith("inspect-")]
+    await envs["default"].close()
