@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,16 @@ TERMINAL = (SnapshotState.READY, SnapshotState.FAILED, SnapshotState.DELETED)
 
 def new_snapshot_id() -> str:
     return "snap-" + secrets.token_hex(5)
+
+
+# Why: a name may start with 'snap-' (E2B accepts any), so only the exact shape of an id
+# (and of a sandbox's) is one; a name of that shape is refused, so each string is one or other.
+SNAPSHOT_ID_RE = re.compile(r"^snap-[0-9a-f]{10}$")
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{10}$")
+
+
+def is_snapshot_id(text: str) -> bool:
+    return bool(SNAPSHOT_ID_RE.match(text))
 
 
 @dataclass
@@ -94,8 +105,8 @@ class SnapshotManager:
                   ) -> SnapshotRecord:
         """A snapshot by id, or by name among `who`'s tenant's; another tenant's is not
         found."""
-        key = id_or_name if id_or_name.startswith("snap-") else scoped_name(who.tenant,
-                                                                             id_or_name)
+        key = id_or_name if is_snapshot_id(id_or_name) else scoped_name(who.tenant,
+                                                                          id_or_name)
         doc = await self.db.get_snapshot(key)
         rec = SnapshotRecord.model_validate(doc) if doc is not None else None
         if rec is None or not who.sees(rec.owner):
@@ -120,11 +131,11 @@ class SnapshotManager:
             return
         base, _, tag = name.partition(":")
         if (not NAME_RE.match(base) or (tag or ":" in name) and not NAME_RE.match(tag)
-                or name.startswith(("snap-", "sb-"))):
+                or SNAPSHOT_ID_RE.match(name) or SANDBOX_ID_RE.match(name)):
             raise InvalidArgumentError(
                 "snapshot names are 1-63 lowercase letters, digits, '.', '_' or '-', "
-                "optionally with a tag of the same (`name:tag`), and may not start with "
-                "'snap-' or 'sb-'")
+                "optionally with a tag of the same (`name:tag`), and may not have the form "
+                "of a snapshot or sandbox id ('snap-' or 'sb-' and 10 hex digits)")
         if await self.db.name_taken(scoped_name(tenant, name), except_id):
             raise ConflictError(f"a snapshot named {name!r} already exists")
 
@@ -186,7 +197,7 @@ class SnapshotManager:
         try:
             rec = await self.get(id_or_name, who, include_deleted=True)
         except NotFoundError:
-            if not id_or_name.startswith("snap-") or await self.db.get_snapshot(id_or_name):
+            if not is_snapshot_id(id_or_name) or await self.db.get_snapshot(id_or_name):
                 raise  # a record of another tenant's is as good as none
             rec = await self._from_store(id_or_name, who)
         if rec.state == SnapshotState.DELETED:
