@@ -7,7 +7,8 @@ compare guest agents (docs/benchmarks.md, "The Python and the Go guest agent").
 
 Per round and side: a create without the pool (a restore), its first command, 5 commands,
 fork(1) and fork(4) to their children's first commands; then `--forks` rounds of fork(1) on
-one parent per side; and the memory of the agent process in the guest (smaps_rollup).
+one parent per side; the memory of the agent process in the guest (smaps_rollup), and the
+guest's memory in use (MemTotal - MemAvailable) after the round's commands.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ AGENT_MEMORY = r"""
 for pid in $(awk '$2 ~ /^\((sandlot-agent|python3)\)$/ {print $1}' /proc/[0-9]*/stat); do
   awk '/^(Rss|Pss):/ {printf "%s %s kB  ", $1, $2}' /proc/$pid/smaps_rollup; echo; done
 """
+
+
+GUEST_USED = "awk '/^MemTotal:/ {t=$2} /^MemAvailable:/ {a=$2} END {print t-a}' /proc/meminfo"
 
 
 def ms_since(t0: float) -> float:
@@ -79,6 +83,8 @@ def main() -> None:
                 box = one_round(servers[name].client_kwargs(),
                                 lambda k, v, n=name: results[n].setdefault(k, []).append(v))
                 memory[name] = box.commands.run(AGENT_MEMORY).stdout.strip()
+                used_kb = int(box.commands.run(GUEST_USED).stdout)
+                results[name].setdefault("guest memory in use (MiB)", []).append(used_kb / 1024)
                 box.kill()
         parents = {name: Sandbox.create(timeout=600, **srv.client_kwargs())
                    for name, srv in servers.items()}
@@ -95,7 +101,7 @@ def main() -> None:
         for srv in servers.values():
             srv.close()
     names = list(sides)
-    print(f"{'figure (p50, ms)':34}" + "".join(f"{n:>12}" for n in names))
+    print(f"{'figure (p50, ms unless named)':34}" + "".join(f"{n:>12}" for n in names))
     for key in results[names[0]]:
         print(f"{key:34}" + "".join(f"{statistics.median(results[n][key]):12.1f}"
                                     for n in names))

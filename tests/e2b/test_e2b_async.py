@@ -77,11 +77,13 @@ async def test_commands_and_files():
         watch = await sbx.files.watch_dir("w", on_event=events.append)
         await sbx.files.write("w/new.txt", "x")
         for _ in range(50):
-            if events:
+            if len(events) >= 2:
                 break
             await asyncio.sleep(0.1)
         await watch.stop()
-        assert [(e.name, e.type) for e in events] == [("new.txt", FilesystemEventType.CREATE)]
+        # created, then written: two events, as envd reports them on inotify
+        assert [(e.name, e.type) for e in events] == [("new.txt", FilesystemEventType.CREATE),
+                                                      ("new.txt", FilesystemEventType.WRITE)]
     finally:
         await sbx.kill()
     assert not await sbx.is_running()

@@ -107,6 +107,19 @@ def test_e2b_js_package(server) -> None:
     assert _listed(server)[0] == before[0], "the e2b tests left sandboxes"
 
 
+def test_e2b_js_sees_e2b_behaviour(server) -> None:
+    """The e2b npm package on what E2B clients rely on (tests/ts/e2b-js/e2b-as-e2b.test.mjs):
+    listing order and pages, removing a missing path, symlinks, recursive watches, snapshot
+    names, the default pause, a command stream cut by a kill."""
+    if not (E2B_JS / "node_modules" / "e2b").is_dir():
+        pytest.fail("tests/ts/e2b-js/node_modules is missing: run `make setup`")
+    before = _listed(server)
+    env = _node_env(E2B_API_URL=f"{server.url}/e2b", E2B_SANDBOX_URL=f"{server.url}/e2b/envd",
+                    E2B_API_KEY=server.key)
+    _node_test(["e2b-as-e2b.test.mjs"], E2B_JS, env)
+    assert _listed(server)[0] == before[0], "the e2b tests left sandboxes"
+
+
 def _listed(server) -> tuple[set[str], set[str]]:
     """The ids of the server's sandboxes and snapshots (pytest runs one test at a time)."""
     kw = server.client_kwargs()

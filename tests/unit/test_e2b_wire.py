@@ -123,3 +123,44 @@ def test_error_codes():
     for exc, code, status in cases:
         assert (connect_code(exc), http_status(exc)) == (code, status), exc
     assert "was not found" in str(SandboxNotRunning("sb-1"))  # what the SDK looks for
+
+
+def test_pages_newest_first_with_keyset_tokens():
+    from datetime import UTC, datetime, timedelta
+
+    from sandlot.server.e2b.api import _page
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    items = [(t0 + timedelta(seconds=s), f"sb-{i}") for i, s in enumerate([1, 3, 2, 3])]
+    walk, token = [], None
+    while True:
+        page, headers = _page(items, lambda i: i, 1, token)
+        walk += [i[1] for i in page]
+        token = headers.get("x-next-token")
+        if not token:
+            break
+    assert walk == ["sb-1", "sb-3", "sb-2", "sb-0"]  # newest first, ties by id
+    page, headers = _page(items, lambda i: i, 3, None, "asc")
+    assert [i[1] for i in page] == ["sb-0", "sb-2", "sb-1"]
+    rest, more = _page(items, lambda i: i, 3, headers["x-next-token"], "asc")
+    assert [i[1] for i in rest] == ["sb-3"] and more == {}
+    for bad in ("nope", base64.urlsafe_b64encode(b"x__y").decode()):
+        with pytest.raises(InvalidArgumentError):
+            _page(items, lambda i: i, 1, bad)
+    with pytest.raises(InvalidArgumentError, match="other sort order"):
+        _page(items, lambda i: i, 1, headers["x-next-token"], "desc")
+    with pytest.raises(InvalidArgumentError):
+        _page(items, lambda i: i, 1, None, "sideways")
+
+
+def test_symlink_entries_as_envd():
+    link = FileInfo(name="l", path="/home/user/l", type="symlink", size=5, mode=0o777,
+                    owner="user", mtime=0, target="t.txt")
+    target = FileInfo(name="t.txt", path="/home/user/t.txt", type="file", size=9, mode=0o640,
+                      owner="user", mtime=0)
+    out = convert.entry_info(link, ("/home/user/t.txt", target))
+    assert out["type"] == "FILE_TYPE_FILE" and out["symlinkTarget"] == "/home/user/t.txt"
+    assert out["mode"] == 0o640 and out["permissions"] == "Lrwxrwxrwx" and out["size"] == "5"
+    broken = convert.entry_info(link, ("/home/user/l", None))
+    assert broken["type"] == "FILE_TYPE_UNSPECIFIED" and broken["symlinkTarget"] == "/home/user/l"
+    assert broken["mode"] == 0

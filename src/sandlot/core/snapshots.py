@@ -56,12 +56,20 @@ def new_snapshot_id() -> str:
     return "snap-" + secrets.token_hex(5)
 
 
+# Why: a name may start with 'snap-' (E2B accepts any), so only the exact shape of an id
+# (and of a sandbox's) is one; a name of that shape is refused, so each string is one or other.
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{10}$")
+
+
+def is_snapshot_id(text: str) -> bool:
+    return SNAPSHOT_ID_RE.fullmatch(text) is not None
+
+
 def could_name(id_or_name: str) -> bool:
     """Whether `id_or_name` has the form of a snapshot id or name: anything else names no
     snapshot, and is never looked up (in the database or the store)."""
-    if id_or_name.startswith("snap-"):
-        return SNAPSHOT_ID_RE.fullmatch(id_or_name) is not None
-    return 0 < len(id_or_name) <= MAX_NAME and "\0" not in id_or_name
+    return is_snapshot_id(id_or_name) or (0 < len(id_or_name) <= MAX_NAME
+                                          and "\0" not in id_or_name)
 
 
 @dataclass
@@ -109,8 +117,8 @@ class SnapshotManager:
         found."""
         if not could_name(id_or_name):
             raise NotFoundError(f"snapshot {id_or_name[:64]!r} not found")
-        key = id_or_name if id_or_name.startswith("snap-") else scoped_name(who.tenant,
-                                                                             id_or_name)
+        key = id_or_name if is_snapshot_id(id_or_name) else scoped_name(who.tenant,
+                                                                          id_or_name)
         doc = await self.db.get_snapshot(key)
         rec = SnapshotRecord.model_validate(doc) if doc is not None else None
         if rec is None or not who.sees(rec.owner):
@@ -135,11 +143,11 @@ class SnapshotManager:
             return
         base, _, tag = name.partition(":")
         if (not NAME_RE.match(base) or (tag or ":" in name) and not NAME_RE.match(tag)
-                or name.startswith(("snap-", "sb-"))):
+                or is_snapshot_id(name) or SANDBOX_ID_RE.fullmatch(name)):
             raise InvalidArgumentError(
                 "snapshot names are 1-63 lowercase letters, digits, '.', '_' or '-', "
-                "optionally with a tag of the same (`name:tag`), and may not start with "
-                "'snap-' or 'sb-'")
+                "optionally with a tag of the same (`name:tag`), and may not have the form "
+                "of a snapshot or sandbox id ('snap-' or 'sb-' and 10 hex digits)")
         if await self.db.name_taken(scoped_name(tenant, name), except_id):
             raise ConflictError(f"a snapshot named {name!r} already exists")
 
@@ -201,8 +209,7 @@ class SnapshotManager:
         try:
             rec = await self.get(id_or_name, who, include_deleted=True)
         except NotFoundError:
-            if not SNAPSHOT_ID_RE.fullmatch(id_or_name) or await self.db.get_snapshot(
-                    id_or_name):
+            if not is_snapshot_id(id_or_name) or await self.db.get_snapshot(id_or_name):
                 raise  # a record of another tenant's is as good as none
             rec = await self._from_store(id_or_name, who)
         if rec.state == SnapshotState.DELETED:

@@ -83,5 +83,18 @@ class TemplateSpec(BaseModel):
         return h.hexdigest()[:16]
 
 
+# What an agent expects of E2B's base template besides BASE_PACKAGES: `python`, git, node and
+# npm, a compiler toolchain and the usual fetch and archive tools.
+DEFAULT_TEMPLATE_PACKAGES = [
+    "python-is-python3", "git", "nodejs", "npm", "build-essential", "jq", "unzip", "zip",
+    "wget", "xz-utils",
+]
+# Debian marks its Python externally managed, so a plain `pip install` fails; E2B's image (like
+# the official Python images) has no marker, so pip installs without flags there.
+LIFT_PIP_RESTRICTION = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
+
+
 def base_spec() -> TemplateSpec:
-    return TemplateSpec(name="base")
+    """The default template, `base`: E2B's base image as an agent sees it."""
+    return TemplateSpec(name="base", packages=DEFAULT_TEMPLATE_PACKAGES,
+                        run=[LIFT_PIP_RESTRICTION])

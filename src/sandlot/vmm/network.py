@@ -93,7 +93,8 @@ class NetworkPolicy:
 
     ``allow_out`` and ``deny_out`` hold IPv4 addresses, CIDRs or host names; names are
     resolved to their IPv4 addresses when the policy is applied. A non-empty ``allow_out``
-    allows only those destinations; ``deny_out`` always wins over ``allow_out``. DNS through
+    allows only those destinations; where the two overlap ``allow_out`` wins (as E2B's rules
+    do: ``deny_out=["0.0.0.0/0"]`` with a few ``allow_out`` entries opens just those). DNS through
     10.0.2.3 stays allowed unless ``internet`` is False. IPv6 entries are ignored: sandboxes
     have no IPv6 route at all.
     """
@@ -702,8 +703,8 @@ class NetworkManager:
             if self._dns:
                 rules.append(f"ip daddr {{ {', '.join(self._dns)} }} meta l4proto {{ tcp, udp }} "
                              "th dport 53 accept")
-            rules.append(f"ip daddr @{deny} {_REJECT}")
-            rules += [f"ip daddr @{allow} accept", _REJECT] if egress.allow else ["accept"]
+            rules += [f"ip daddr @{allow} accept", f"ip daddr @{deny} {_REJECT}"]
+            rules.append(_REJECT if egress.allow else "accept")
         lines += [f"add rule {TABLE} {chain} {rule}" for rule in rules]
         lines.append(f'add element {TABLE} egress {{ "{VETH_PREFIX}{slot}" : jump {chain} }}')
         return lines

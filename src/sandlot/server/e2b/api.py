@@ -6,9 +6,11 @@ Auth is sandlot's API key, which the SDK sends as ``X-API-KEY``. Every error is 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import urllib.parse
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
@@ -178,16 +180,44 @@ def _metadata_query(raw: str | None) -> dict[str, str]:
             for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
 
 
-def _page(items: list, limit: int | None, token: str | None) -> tuple[list, dict]:
+def _cursor(at: datetime, ident: str, asc: bool) -> str:
+    """E2B's page token: base64url of ``<RFC 3339 time>__<id>`` (``__asc`` when ascending)."""
+    raw = f"{at.isoformat()}__{ident}" + ("__asc" if asc else "")
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _parse_cursor(token: str, asc: bool) -> tuple[datetime, str]:
+    try:
+        parts = base64.urlsafe_b64decode(token.encode()).decode().split("__")
+        at = datetime.fromisoformat(parts[0])
+    except (ValueError, UnicodeError, binascii.Error):
+        raise InvalidArgumentError(f"invalid nextToken {token[:100]!r}") from None
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "asc"):
+        raise InvalidArgumentError(f"invalid nextToken {token[:100]!r}")
+    if (len(parts) == 3) != asc:
+        raise InvalidArgumentError("nextToken was issued for the other sort order")
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)), parts[1]
+
+
+def _page(items: list, key: Callable, limit: int | None, token: str | None,
+          order: str | None = None) -> tuple[list, dict]:
+    """E2B's keyset pagination: newest first unless `order` is 'asc', ties by id; the next
+    token names the last item of the page. `key(item)` is (time, id)."""
+    if order not in (None, "asc", "desc"):
+        raise InvalidArgumentError(f"invalid order {order!r}: 'asc' or 'desc'")
     if limit is not None and limit < 1:
         raise InvalidArgumentError("limit must be at least 1")
+    asc = order == "asc"
     size = min(limit or MAX_PAGE, MAX_PAGE)
-    valid = bool(token) and token.isascii() and token.isdigit() and len(token) <= 12
-    if token and not valid:
-        raise InvalidArgumentError(f"invalid nextToken {token[:64]!r}")
-    start = int(token) if valid else 0
-    page = items[start:start + size]
-    headers = {"x-next-token": str(start + size)} if start + size < len(items) else {}
+    items = sorted(items, key=lambda i: key(i)[1])  # stable: ties by id ascending
+    items.sort(key=lambda i: key(i)[0], reverse=not asc)
+    if token:
+        at, ident = _parse_cursor(token, asc)
+        items = [i for i in items
+                 if (key(i)[0] > at if asc else key(i)[0] < at)
+                 or (key(i)[0] == at and key(i)[1] > ident)]
+    page = items[:size]
+    headers = {"x-next-token": _cursor(*key(page[-1]), asc)} if len(items) > size else {}
     return page, headers
 
 
@@ -216,8 +246,8 @@ async def list_sandboxes(request: Request, metadata: str | None = None,
         except ValueError:
             raise InvalidArgumentError(f"invalid startedAfter {started_after!r}") from None
         items = [(r, s) for r, s in items if r.created_at >= after]
-    items.sort(key=lambda rs: rs[0].created_at, reverse=order == "desc")
-    page, headers = _page(items, limit, next_token)
+    page, headers = _page(items, lambda rs: (rs[0].created_at, rs[0].sandbox_id), limit,
+                          next_token, order)
     return JSONResponse([convert.listed(r, s, st.lifecycle.disk_mb(r)) for r, s in page],
                         headers=headers)
 
@@ -349,8 +379,8 @@ async def list_snapshots(request: Request, name: str | None = None,
              if s.state != SnapshotState.FAILED]
     if name:
         snaps = [s for s in snaps if convert.name_matches(name, s.name, s.snapshot_id)]
-    snaps.sort(key=lambda s: s.created_at)
-    page, headers = _page(snaps, limit, q.get("nextToken"))
+    page, headers = _page(snaps, lambda s: (s.created_at, s.snapshot_id), limit,
+                          q.get("nextToken"))
     return JSONResponse([convert.snapshot_info(s.snapshot_id, s.name) for s in page],
                         headers=headers)
 

@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 from sandlot.core.models import FileInfo, SandboxRecord
 from sandlot.errors import AuthenticationError, InvalidArgumentError
 
-# The envd version sandlot reports: every feature the SDK gates on at or below it is served
-# (stdin, default user, close stdin, octet-stream upload, recursive watch). File metadata
-# (xattrs, 0.6.2) and the later watch options are not, so the SDK refuses them client-side.
-ENVD_VERSION = "0.6.3"
+# The envd version sandlot reports: every feature the SDKs gate on at or below it is served
+# (stdin, default user, close stdin, octet-stream upload, recursive watch, file metadata,
+# entries in watch events, and watching with network mounts allowed: a sandbox has none).
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "sandlot"
 DEFAULT_USER = "user"
 # When a sandbox has no timeout, E2B's endAt still needs a time.
@@ -87,22 +87,32 @@ def permissions(kind: str, mode: int) -> str:
     return text
 
 
-def entry_info(entry: FileInfo) -> dict:
-    """A sandbox file entry as envd's ``filesystem.EntryInfo``."""
+def entry_info(entry: FileInfo, link: tuple[str, FileInfo | None] | None = None) -> dict:
+    """A sandbox file entry as envd's ``filesystem.EntryInfo``. For a symlink, `link` is what
+    it resolves to (the absolute path, and that entry or None when the link is broken): envd
+    reports the type and mode of what the link points to and that path as its target (the
+    link's own path, and an unspecified type, when it is broken)."""
+    kind, mode = entry.type, entry.mode & 0o777
+    if entry.type == "symlink" and link is not None:
+        resolved, target = link
+        kind = target.type if target is not None else "unknown"
+        mode = target.mode & 0o777 if target is not None else 0
     out = {
         "name": entry.name,
-        "type": FILE_TYPES.get(entry.type, "FILE_TYPE_UNSPECIFIED"),
+        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": entry.path,
         "size": str(entry.size),
-        "mode": entry.mode & 0o777,
+        "mode": mode,
         "permissions": permissions(entry.type, entry.mode),
         "owner": entry.owner,
         # The agent reports no group; sandlot's guest users each have a group of their name.
         "group": entry.owner,
         "modifiedTime": rfc3339(entry.mtime),
     }
-    if entry.type == "symlink" and entry.target is not None:
-        out["symlinkTarget"] = entry.target
+    if entry.type == "symlink":
+        target_path = link[0] if link is not None else entry.target
+        if target_path is not None:
+            out["symlinkTarget"] = target_path
     if entry.metadata:
         out["metadata"] = entry.metadata
     return out

@@ -3,8 +3,12 @@ Remove, and directory watching (WatchDir for the async SDK; CreateWatcher, GetWa
 RemoveWatcher for the sync one).
 
 The agent has no inotify, so watching polls: each look lists the directory (recursively if
-asked) and compares it with the last look. A file created and written between two looks is
-one create event; one created and removed between two looks is none.
+asked, so folders made after the watch began are watched too) and compares it with the last
+look. A file that appears with content is a create and a write, as envd reports a file
+created and then written on inotify; one created and removed between two looks is none.
+
+A symlink's entry is envd's: the type and mode of what it points to, and the absolute path it
+resolves to as its target (`_resolve` follows the chain as Go's `filepath.EvalSymlinks`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sandlot.server.e2b.state import Envd
 
 POLL_INTERVAL = 0.2
 RECURSIVE_DEPTH = 32
+MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 # Why: sync watchers live until RemoveWatcher; clients that never call it must not grow this
 # without bound, so the oldest go first.
 MAX_WATCHERS = 256
@@ -31,8 +36,32 @@ def _path(ctx: Envd, msg: dict) -> str:
     return resolve(field(msg, "path"), ctx.user)
 
 
+async def _resolve(ctx: Envd, link: FileInfo) -> tuple[str, FileInfo | None]:
+    """Where a symlink leads: (the absolute path, its entry), or (the link's own path, None)
+    when the chain is broken or too long."""
+    entry = link
+    for _ in range(MAX_LINKS):
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(entry.path),
+                                                 entry.target or ""))
+        try:
+            entry = await ctx.files.stat(ctx.sandbox_id, path, who=ctx.who)
+        except (NotFoundError, InvalidArgumentError):
+            ctx.check_running()
+            return link.path, None
+        if entry.type != "symlink":
+            return path, entry
+    return link.path, None
+
+
+async def info(ctx: Envd, entry: FileInfo) -> dict:
+    """`entry` as envd's EntryInfo, a symlink resolved."""
+    link = await _resolve(ctx, entry) if entry.type == "symlink" else None
+    return entry_info(entry, link)
+
+
 async def stat(ctx: Envd, msg: dict) -> dict:
-    return {"entry": entry_info(await ctx.files.stat(ctx.sandbox_id, _path(ctx, msg), who=ctx.who))}
+    return {"entry": await info(ctx, await ctx.files.stat(ctx.sandbox_id, _path(ctx, msg),
+                                                         who=ctx.who))}
 
 
 async def list_dir(ctx: Envd, msg: dict) -> dict:
@@ -40,7 +69,7 @@ async def list_dir(ctx: Envd, msg: dict) -> dict:
     if depth < 1:
         raise InvalidArgumentError("depth must be at least 1")
     entries = await ctx.files.list(ctx.sandbox_id, _path(ctx, msg), depth, who=ctx.who)
-    return {"entries": [entry_info(e) for e in entries]}
+    return {"entries": [await info(ctx, e) for e in entries]}
 
 
 async def make_dir(ctx: Envd, msg: dict) -> dict:
@@ -48,18 +77,26 @@ async def make_dir(ctx: Envd, msg: dict) -> dict:
     made = await ctx.files.mkdir(ctx.sandbox_id, path, ctx.user, who=ctx.who)
     if not made.created:
         raise ConflictError(f"directory {path} already exists")
-    return {"entry": entry_info(made)}
+    return {"entry": await info(ctx, made)}
 
 
 async def move(ctx: Envd, msg: dict) -> dict:
     src = resolve(field(msg, "source"), ctx.user)
     dst = resolve(field(msg, "destination"), ctx.user)
     await ctx.files.mkdir(ctx.sandbox_id, posixpath.dirname(dst) or "/", ctx.user, who=ctx.who)
-    return {"entry": entry_info(await ctx.files.rename(ctx.sandbox_id, src, dst, who=ctx.who))}
+    return {"entry": await info(ctx, await ctx.files.rename(ctx.sandbox_id, src, dst,
+                                                            who=ctx.who))}
 
 
 async def remove(ctx: Envd, msg: dict) -> dict:
-    await ctx.files.remove(ctx.sandbox_id, _path(ctx, msg), who=ctx.who)
+    """envd removes as `os.RemoveAll`: a path that is not there is removed already."""
+    path = _path(ctx, msg)
+    try:
+        await ctx.files.remove(ctx.sandbox_id, path, who=ctx.who)
+    except NotFoundError:
+        # The sandbox's own absence is still an error: exists() raises it.
+        if await ctx.files.exists(ctx.sandbox_id, path, who=ctx.who):
+            raise
     return {}
 
 
@@ -94,14 +131,23 @@ class Watcher:
     def _event(self, path: str, kind: str, entry: FileInfo | None) -> dict:
         ev = {"name": posixpath.relpath(path, self.path), "type": f"EVENT_TYPE_{kind}"}
         if self.include_entry and entry is not None:
-            ev["entry"] = entry_info(entry)
+            ev["entry"] = entry
         return ev
 
     async def changes(self) -> list[dict]:
+        events = await self._changes()
+        for ev in events:
+            if "entry" in ev:
+                ev["entry"] = await info(self.ctx, ev["entry"])
+        return events
+
+    async def _changes(self) -> list[dict]:
         now = await self._look()
         events = []
         for path in sorted(now.keys() - self.last.keys()):
             events.append(self._event(path, "CREATE", now[path]))
+            if now[path].type == "file" and now[path].size > 0:
+                events.append(self._event(path, "WRITE", now[path]))  # created, then written
         for path in sorted(now.keys() & self.last.keys()):
             old, new = self.last[path], now[path]
             if old.type != new.type:

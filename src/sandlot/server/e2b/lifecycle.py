@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState, SnapshotState, now
 from sandlot.core.service import Core
+from sandlot.core.snapshots import is_snapshot_id
 from sandlot.core.tenancy import Principal
 from sandlot.errors import ConflictError, InvalidStateError, NotFoundError, StorageError
 from sandlot.server.e2b.convert import snapshot_name
@@ -83,7 +84,7 @@ class Lifecycle:
         """What an E2B template id names here for `who`: a sandlot template, or a snapshot of
         its tenant's (by id or name; E2B creates sandboxes from snapshots by passing the
         snapshot id as the template)."""
-        if not template_id.startswith("snap-"):
+        if not is_snapshot_id(template_id):
             try:
                 await self.core.templates.info(template_id, who)
                 return CreateSandbox(template=template_id)
@@ -91,7 +92,7 @@ class Lifecycle:
                 pass
         try:
             snap = await self.core.snapshots.get(
-                template_id if template_id.startswith("snap-") else snapshot_name(template_id),
+                template_id if is_snapshot_id(template_id) else snapshot_name(template_id),
                 who)
         except NotFoundError:
             raise NotFoundError(

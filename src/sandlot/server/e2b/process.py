@@ -106,6 +106,9 @@ async def _follow(ctx: Envd, pid: int, pty: bool = False) -> AsyncIterator[dict]
             try:
                 ev = await pump.get(ctx.keepalive)
             except StopAsyncIteration:
+                # The stream ended without the process's end: its sandbox went (killed or
+                # paused), which the SDKs know by envd's proxy's "... was not found".
+                ctx.check_running()
                 return
             except SandlotError:
                 ctx.check_running()  # a sandbox killed or paused mid-command
