@@ -133,10 +133,15 @@ async def test_persist_then_resume_finds_processes_alive(client, tmp_path):
         assert pid
         await session.write(Path("runtime.txt"), io.BytesIO(b"written at run time\n"))
         first_id = session.state.sandbox_id
+        await session.stop()  # two persists now, a third at the exit:
+        await session.stop()  # the session keeps its newest two snapshots
     # aclose ran stop (persist) and shutdown (kill)
     assert (await client.sandlot.sandboxes.get_info(first_id)).state == "stopped"
     stored = (tmp_path / f"{session.state.snapshot.id}.tar").read_bytes()
-    assert decode_snapshot_ref(stored) is not None
+    assert decode_snapshot_ref(stored) == session.state.persisted_snapshots[-1]
+    kept = {s.snapshot_id for s in await client.sandlot.snapshots.list(sandbox_id=first_id)}
+    assert kept == set(session.state.persisted_snapshots)
+    assert len(kept) == 2
 
     payload = json.loads(json.dumps(client.serialize_session_state(session.state)))
     state = client.deserialize_session_state(payload)
@@ -206,3 +211,49 @@ async def test_runner_end_to_end(client):
     assert len(outputs) == 1
     assert "hello from the manifest" in outputs[0]
     assert "Linux" in outputs[0]
+
+
+def test_options_and_state_parse_by_type():
+    """The SDK finds sandlot's options and state by their `type`, as it does its own
+    providers' when it loads a saved run."""
+    from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
+    from agents.sandbox.snapshot import NoopSnapshot
+
+    options = BaseSandboxClientOptions.parse(
+        {"type": "sandlot", "snapshot": "warmed", "exposed_ports": [8000]})
+    assert isinstance(options, SandlotSandboxClientOptions)
+    assert options.snapshot == "warmed"
+    assert options.exposed_ports == (8000,)
+    state = SandlotSandboxSessionState(sandbox_id="sb-1", manifest=Manifest(),
+                                       snapshot=NoopSnapshot(id="s"), pause_on_exit=True)
+    again = SandlotSandboxSessionState.parse(json.loads(state.model_dump_json()))
+    assert isinstance(again, SandlotSandboxSessionState)
+    assert (again.sandbox_id, again.pause_on_exit) == ("sb-1", True)
+
+
+async def test_hydrate_from_a_workspace_tar(client):
+    """A workspace persisted as a tar (another provider's) is extracted into the root."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"from a tar\n"
+        info = tarfile.TarInfo("sub/moved.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    session = await client.create(options=_options())
+    async with session:
+        await session.hydrate_workspace(io.BytesIO(buf.getvalue()))
+        assert (await session.exec("cat sub/moved.txt")).stdout == b"from a tar\n"
+
+
+async def test_resume_without_a_snapshot_starts_a_new_sandbox(client):
+    """No snapshot stored and the sandbox gone: the resume starts a new one and the manifest
+    is applied again."""
+    session = await client.create(manifest=_manifest(), options=_options())
+    async with session:
+        first_id = session.state.sandbox_id
+    resumed = await client.resume(session.state)
+    async with resumed:
+        assert resumed.state.sandbox_id != first_id
+        assert (await resumed.exec("cat hello.txt")).stdout == b"hello from the manifest\n"

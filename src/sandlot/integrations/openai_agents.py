@@ -78,6 +78,9 @@ BACKEND_ID = "sandlot"
 # given to `hydrate_workspace` is taken as a tar of the workspace (another provider's).
 SNAPSHOT_MAGIC = b"SANDLOT_SNAPSHOT_V1\n"
 TIMEOUT_EXIT_CODE = 124
+# A session keeps its newest snapshots: the one its stored reference names and, in case storing
+# that reference failed, the one before.
+KEEP_SNAPSHOTS = 2
 
 
 def encode_snapshot_ref(snapshot_id: str) -> bytes:
@@ -135,6 +138,8 @@ class SandlotSandboxSessionState(SandboxSessionState):
     metadata: dict[str, str] = Field(default_factory=dict)
     internet: bool = True
     pause_on_exit: bool = False
+    # The snapshots this session persisted, oldest first: the last KEEP_SNAPSHOTS are kept.
+    persisted_snapshots: list[str] = Field(default_factory=list)
 
 
 @dataclass
@@ -302,7 +307,8 @@ class SandlotSandboxSession(BaseSandboxSession):
     # -- persistence: a snapshot with memory ----------------------------------------------------
 
     async def persist_workspace(self) -> io.IOBase:
-        """Snapshot the whole sandbox (memory, processes, disk) and return its reference."""
+        """Snapshot the whole sandbox (memory, processes, disk) and return its reference; the
+        session's snapshots older than its last `KEEP_SNAPSHOTS` are deleted."""
         root = self._workspace_root_path()
         try:
             snap = await self._sandbox.create_snapshot(memory=True)
@@ -310,6 +316,13 @@ class SandlotSandboxSession(BaseSandboxSession):
         except SandlotError as exc:
             raise WorkspaceArchiveReadError(path=root, context={"reason": "snapshot_failed"},
                                             cause=exc) from exc
+        kept = self.state.persisted_snapshots + [snap.snapshot_id]
+        for old in kept[:-KEEP_SNAPSHOTS]:
+            try:
+                await self._client.snapshots.delete(old)
+            except SandlotError:
+                pass
+        self.state.persisted_snapshots = kept[-KEEP_SNAPSHOTS:]
         return io.BytesIO(encode_snapshot_ref(snap.snapshot_id))
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
@@ -629,7 +642,7 @@ class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
             state = inner.state.model_copy(deep=True, update={
                 "session_id": session_id, "sandbox_id": child.sandbox_id, "snapshot": snap,
                 "workspace_root_ready": True, "snapshot_fingerprint": None,
-                "snapshot_fingerprint_version": None})
+                "snapshot_fingerprint_version": None, "persisted_snapshots": []})
             forks.append(self._session(state, child, preserved=True))
         return forks
 
