@@ -156,3 +156,37 @@ def test_warmed_snapshot_and_fork(provider):
             warm.delete(sandbox_id=b.id)
         warm.client.snapshots.delete(snap.snapshot_id)
         warm.close()
+
+
+def test_deep_agent_end_to_end(provider):
+    """A Deep Agent (deepagents' create_deep_agent, a scripted chat model) whose shell and
+    file tools run in a sandlot VM."""
+    from deepagents import create_deep_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    class ScriptedChat(GenericFakeChatModel):
+        def bind_tools(self, tools, **kwargs):
+            return self
+
+    script = iter([
+        AIMessage(content="", tool_calls=[{
+            "name": "write_file", "id": "c1",
+            "args": {"file_path": "/srv/agent/note.txt", "content": "from the agent"}}]),
+        AIMessage(content="", tool_calls=[{
+            "name": "execute", "id": "c2",
+            "args": {"command": "cat /srv/agent/note.txt; echo; uname -s"}}]),
+        AIMessage(content="done"),
+    ])
+    backend = provider.create()
+    try:
+        agent = create_deep_agent(model=ScriptedChat(messages=script), backend=backend)
+        result = agent.invoke({"messages": [{"role": "user", "content": "go"}]})
+        assert result["messages"][-1].content == "done"
+        tool_output = [m.content for m in result["messages"] if isinstance(m, ToolMessage)]
+        assert len(tool_output) == 2
+        assert "from the agent" in tool_output[1]
+        assert "Linux" in tool_output[1]
+        assert backend.sandbox.files.read("/srv/agent/note.txt") == "from the agent"
+    finally:
+        provider.delete(sandbox_id=backend.id)

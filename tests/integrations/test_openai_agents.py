@@ -257,3 +257,43 @@ async def test_resume_without_a_snapshot_starts_a_new_sandbox(client):
     async with resumed:
         assert resumed.state.sandbox_id != first_id
         assert (await resumed.exec("cat hello.txt")).stdout == b"hello from the manifest\n"
+
+
+async def test_runner_interrupted_then_resumed_finds_its_process(client, tmp_path):
+    """A run that stops for an approval persists its sandbox (a snapshot with memory) and
+    kills it; the run resumed from its saved state runs in a sandbox restored from that
+    snapshot, where the process the first run started is still running."""
+    from agents import function_tool
+    from agents.run_state import RunState
+
+    @function_tool(name_override="approval_tool", needs_approval=True)
+    def approval_tool() -> str:
+        return "approved"
+
+    def make_agent(model: ScriptedModel) -> SandboxAgent:
+        return SandboxAgent(name="sandlot", model=model, instructions="Use the shell.",
+                            default_manifest=_manifest(), tools=[approval_tool])
+
+    config = RunConfig(sandbox=SandboxRunConfig(
+        client=client, options=_options(), snapshot=LocalSnapshotSpec(base_path=tmp_path)))
+    first = await Runner.run(make_agent(ScriptedModel([
+        [function_call("exec_command", {"cmd": SLEEPER}, call_id="c1")],
+        [function_call("approval_tool", {}, call_id="c2")],
+    ])), "start a server", run_config=config)
+    assert len(first.interruptions) == 1
+    saved = first.to_state().to_json()
+    first_id = saved["sandbox"]["session_state"]["sandbox_id"]
+    assert (await client.sandlot.sandboxes.get_info(first_id)).state == "stopped"
+
+    agent = make_agent(ScriptedModel([
+        [function_call("exec_command", {"cmd": "pgrep -x sleep >/dev/null && echo alive"},
+                       call_id="c3")],
+        [assistant_message("done")],
+    ]))
+    state = await RunState.from_json(agent, saved)
+    state.approve(state.get_interruptions()[0])
+    second = await Runner.run(agent, state, run_config=config)
+    assert second.final_output == "done"
+    outputs = [str(item.output) for item in second.new_items
+               if isinstance(item, ToolCallOutputItem)]
+    assert any("alive" in out for out in outputs), outputs
