@@ -19,7 +19,6 @@ import pytest
 from harness import IMAGES_DIR, Server, cleanup
 from sandlot import CapacityError, Sandbox
 
-LOOP_MB = 3072
 RESERVE_MB = 256
 MiB = 1 << 20
 
@@ -30,14 +29,20 @@ def template_mb() -> int:
     return (IMAGES_DIR / "builds" / build / "rootfs.ext4").stat().st_size >> 20
 
 
+def loop_mb() -> int:
+    """The data filesystem: room for the test's three sandboxes of the base template (one
+    with 256 MiB more), the reserve and some metadata, and not for a fourth."""
+    return 3 * template_mb() + 256 + RESERVE_MB + 512
+
+
 @pytest.fixture
 def small_data_fs(tmp_path):
-    """A LOOP_MB ext4 filesystem mounted under the test's tmp dir (unmounted at teardown)."""
+    """A `loop_mb()` ext4 filesystem mounted under the test's tmp dir (unmounted at teardown)."""
     if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
         pytest.skip("needs root and mkfs.ext4 to loop-mount a filesystem")
     image, mnt = tmp_path / "data.img", tmp_path / "mnt"
     with open(image, "wb") as f:
-        f.truncate(LOOP_MB * MiB)
+        f.truncate(loop_mb() * MiB)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
     mnt.mkdir()
     subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
@@ -114,7 +119,7 @@ def test_a_guest_past_its_quota_gets_enospc_and_the_others_go_on(small_server):
 
     # What the host cannot promise is refused before a VM starts, with a 503.
     with pytest.raises(CapacityError, match="disk_mb"):
-        Sandbox.create(disk_mb=LOOP_MB, **kw)
+        Sandbox.create(disk_mb=loop_mb(), **kw)
     with urllib.request.urlopen(f"{small_server.url}/metrics", timeout=30) as r:
         metrics = r.read().decode()
     promised = next(float(line.split()[-1]) for line in metrics.splitlines()
