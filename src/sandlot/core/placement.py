@@ -62,17 +62,8 @@ class Placement:
         this one)."""
         if not self._placing(placed):
             return await self.sandboxes.create(req, forked_from, who=who)
-        last: SandlotError | None = None
-        for host in await self.hosts.place(await self._need(req, who)):
-            if host.id == self.hosts.id:
-                return await self.sandboxes.create(req, forked_from, who=who)
-            try:
-                return await self.peers.create(host, req, who, forked_from)
-            except CapacityError as e:
-                log.info("host %s had no room after all (%s); trying the next", host.id,
-                         e.message)
-                last = e
-        raise last or CapacityError("no host can take the sandbox")
+        hosts = await self.hosts.place(await self._need(req, who))
+        return await self._start_on(hosts, req, who, forked_from)
 
     async def resume(self, sandbox_id: str, timeout: int | None = None, reboot: bool = False,
                      *, who: Principal, placed: bool = False) -> SandboxRecord:
@@ -132,8 +123,7 @@ class Placement:
         fields = (overrides or SandboxOverrides()).model_dump(exclude_unset=True)
         req = CreateSandbox(**fields, snapshot_id=source.snapshot_id)
         if not self._placing(False):
-            hosts: list[HostInfo] = []
-            plan = [0] * count
+            hosts = [HostInfo(id=self.hosts.id, url="", state=HostState.ACTIVE)]
         else:
             need = Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
                         image_key=source.snapshot_id)
@@ -141,35 +131,37 @@ class Placement:
                 hosts = await self.hosts.place(need)
             except CapacityError as e:
                 return Forked([e] * count, 0.0)
-            plan = spread(hosts, count)
+        return Forked(await self._start_spread(hosts, count, req, who, forked_from), 0.0)
 
+    async def _start_on(self, hosts: list[HostInfo], req: CreateSandbox, who: Principal,
+                        forked_from: str | None) -> SandboxRecord:
+        """One sandbox on the first of `hosts` that has room: this host by a create here,
+        the others through `Peers`; CapacityError from each means the next."""
+        last = CapacityError("no host has room for the sandbox")
+        for host in hosts:
+            try:
+                if host.id == self.hosts.id:
+                    return await self.sandboxes.create(req, forked_from, who=who)
+                return await self.peers.create(host, req, who, forked_from)
+            except CapacityError as e:
+                log.info("host %s had no room after all (%s); trying the next", host.id,
+                         e.message)
+                last = e
+        raise last
+
+    async def _start_spread(self, hosts: list[HostInfo], count: int, req: CreateSandbox,
+                            who: Principal, forked_from: str | None
+                            ) -> list[SandboxRecord | SandlotError]:
+        """`count` sandboxes of `req` spread over `hosts` by free slots (each tries its own
+        host first, then the others); each succeeds or fails alone."""
         async def child(first: int) -> SandboxRecord | SandlotError:
-            if not hosts:
-                return await self._local(req, who, forked_from)
-            last: SandlotError = CapacityError("no host has room for the sandbox")
-            for host in hosts[first:] + hosts[:first]:  # its own host first, then others
-                try:
-                    if host.id == self.hosts.id:
-                        result = await self._local(req, who, forked_from)
-                        if isinstance(result, CapacityError):
-                            last = result
-                            continue
-                        return result
-                    return await self.peers.create(host, req, who, forked_from)
-                except CapacityError as e:
-                    last = e
-                except SandlotError as e:
-                    return e
-            return last
+            try:
+                return await self._start_on(hosts[first:] + hosts[:first], req, who,
+                                            forked_from)
+            except SandlotError as e:
+                return e
 
-        return Forked(list(await asyncio.gather(*(child(i) for i in plan))), 0.0)
-
-    async def _local(self, req: CreateSandbox, who: Principal, forked_from: str | None
-                     ) -> SandboxRecord | SandlotError:
-        try:
-            return await self.sandboxes.create(req, forked_from, who=who)
-        except SandlotError as e:
-            return e
+        return list(await asyncio.gather(*(child(i) for i in spread(hosts, count))))
 
     def _children_here(self, count: int) -> int:
         if not self._placing(False):
@@ -212,19 +204,7 @@ class Placement:
                     if h.id != self.hosts.id]
             except CapacityError as e:
                 return [e] * count
-
-            async def child(first: int) -> SandboxRecord | SandlotError:
-                last: SandlotError = CapacityError("no other host has room for a fork child")
-                for host in hosts[first:] + hosts[:first]:  # its own host first, then others
-                    try:
-                        return await self.peers.create(host, req, who, parent_id)
-                    except CapacityError as e:
-                        last = e
-                    except SandlotError as e:
-                        return e
-                return last
-
-            return list(await asyncio.gather(*(child(i) for i in spread(hosts, count))))
+            return await self._start_spread(hosts, count, req, who, parent_id)
         finally:
             try:
                 await self.snapshots.delete(snap.snapshot_id, who=who)
