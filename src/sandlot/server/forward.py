@@ -28,15 +28,13 @@ from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, HostUnavailableError, error_from_answer
 from sandlot.server import ports
 from sandlot.server.errors import error_body
+from sandlot.server.relay import HOP_BY_HOP, request_body, send_answer
 
 log = logging.getLogger(__name__)
 FORWARDED = "x-sandlot-forwarded"  # its value: the deployment's peer token (PEER_SECRET)
 PEER_SECRET = "peer-token"  # the name of that token in the deployment's database
 PRINCIPAL = "x-sandlot-principal"  # on a peer's call: the tenant it acts for ("; admin")
 FORKED_FROM = "x-sandlot-forked-from"  # on a fork child's create sent to another host
-# request and response headers that belong to one connection, not to the message
-HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
-              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
 SANDBOX_PATH = re.compile(r"^/(?:v1|e2b|e2b/v2)/sandboxes/(sb-[A-Za-z0-9_-]+)(?:/|$)")
 ENVD_PATH = "/e2b/envd/"
 SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
@@ -118,18 +116,7 @@ class Peers:
                    or (k == b"host" and ports.target_of(scope) is not None)]  # routes it
         headers.append((FORWARDED.encode(), self.token.encode()))
 
-        async def stream():
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                if chunk:
-                    yield chunk
-                if not message.get("more_body", False):
-                    return
-
-        content = body if body is not None else stream()
+        content = body if body is not None else request_body(receive)
         if body is not None:
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         request = self.client.build_request(scope["method"], url, headers=headers,
@@ -145,17 +132,7 @@ class Peers:
             await _answer(send, scope, 503, "HostUnavailableError",
                           f"the host that runs this sandbox ({base_url}) did not answer: {e}")
             return
-        try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": [(k, v) for k, v in response.headers.raw
-                                    if k.lower() not in HOP_BY_HOP]})
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (httpx.HTTPError, OSError) as e:
-            log.warning("forwarded answer from %s broke off: %s", base_url, e)
-        finally:
-            await response.aclose()
+        await send_answer(send, response, base_url)
 
 
 async def _answer(send: Send, scope: Scope, status: int, kind: str, message: str) -> None:

@@ -34,15 +34,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandlot.core.models import SandboxState
 from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.errors import NotFoundError, SandlotError
+from sandlot.server import relay
 
 log = logging.getLogger(__name__)
 TOKEN_HEADER = b"e2b-traffic-access-token"  # E2B's name for it
 ENVD_PORT = 49983  # the port E2B's SDKs reach envd on
 NAME = re.compile(r"^(\d{1,5})-(sb-[a-z0-9_-]+)$")
 # headers of one connection (and of the WebSocket handshake), not of the message
-HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
-              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host",
-              TOKEN_HEADER}
+HOP_BY_HOP = relay.HOP_BY_HOP | {TOKEN_HEADER}  # the token is the server's, not the app's
 WS_HANDSHAKE = {b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
                 b"sec-websocket-protocol", b"sec-websocket-accept"}
 WS_MAX_MESSAGE = 16 << 20  # as uvicorn's own limit on the client's side
@@ -206,21 +205,11 @@ class PortRoutes:
         body = (_header(scope, b"content-length") not in (None, b"0")
                 or _header(scope, b"transfer-encoding") is not None)
 
-        async def stream():
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                if message.get("body"):
-                    yield message["body"]
-                if not message.get("more_body", False):
-                    return
-
         transport = scope["app"].state.port_transport
         try:
             for attempt in (1, 2):
                 request = httpx.Request(scope["method"], url, headers=headers,
-                                        content=stream() if body else None,
+                                        content=relay.request_body(receive) if body else None,
                                         extensions={"timeout": TIMEOUTS})
                 try:
                     response = await transport.handle_async_request(request)
@@ -235,17 +224,7 @@ class PortRoutes:
             await deny(scope, send, 502, f"The sandbox is running but port {port} is not open "
                                          "(nothing answered on it)", sandbox_id)
             return
-        try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": [(k, v) for k, v in response.headers.raw
-                                    if k.lower() not in HOP_BY_HOP]})
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (httpx.HTTPError, OSError) as e:
-            log.info("the answer of port %d of %s broke off: %s", port, sandbox_id, e)
-        finally:
-            await response.aclose()
+        await relay.send_answer(send, response, f"port {port} of {sandbox_id}")
 
 
 def _tokens(scope: Scope):

@@ -1,0 +1,43 @@
+"""An ASGI request streamed on to an HTTP server, and its answer streamed back: what
+forwarding to another host (forward.py) and port URLs (ports.py) share."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.types import Receive, Send
+
+log = logging.getLogger(__name__)
+# request and response headers that belong to one connection, not to the message
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
+              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
+
+
+async def request_body(receive: Receive) -> AsyncIterator[bytes]:
+    """The request's body as it arrives (ends early if the client goes)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        if message.get("body"):
+            yield message["body"]
+        if not message.get("more_body", False):
+            return
+
+
+async def send_answer(send: Send, response: httpx.Response, where: str) -> None:
+    """Stream `response` (opened with stream=True) to the client, and close it; an answer
+    that breaks off midway is logged (`where`: whose it was), the client's stream just ends."""
+    try:
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": [(k, v) for k, v in response.headers.raw
+                                if k.lower() not in HOP_BY_HOP]})
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except (httpx.HTTPError, OSError) as e:
+        log.warning("the answer of %s broke off: %s", where, e)
+    finally:
+        await response.aclose()
