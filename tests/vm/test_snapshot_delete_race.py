@@ -60,7 +60,8 @@ def test_snapshot_deleted_while_a_restore_from_it_runs(server_factory, cached):
             outcomes.append((delay, type(value).__name__, round(seconds, 2)))
             print(outcomes[-1])
             if isinstance(value, NotFoundError):
-                assert seconds < 30, (delay, seconds)  # refused, not left to a time-out
+                # refused because it is gone (a time-out would be another error)
+                assert "not found" in str(value) or "deleted" in str(value), (delay, value)
                 continue
             assert isinstance(value, Sandbox), (delay, seconds, value)
             sbx = value
@@ -113,7 +114,7 @@ def test_snapshot_deleted_while_a_rollback_to_it_runs(server_factory):
             value, seconds = restore_while_deleting(snap, delay, kw, rollback=sbx)
             outcomes.append((delay, type(value).__name__, round(seconds, 2)))
             if isinstance(value, NotFoundError):  # deleted before the rollback looked
-                assert seconds < 30, (delay, seconds)
+                assert "not found" in str(value) or "deleted" in str(value), (delay, value)
                 assert sbx.files.read("/root/state.txt") == "changed"
                 continue
             assert isinstance(value, Sandbox), (delay, seconds, value)

