@@ -31,7 +31,8 @@ class AutoResume:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         core = self.get_core() if scope["type"] == "http" else None
         sandbox_id = sandbox_of(scope) if core is not None else None
-        if sandbox_id is not None and not NOT_A_USE.match(scope.get("path", "")):
+        if (sandbox_id is not None and not core.sandboxes.is_running(sandbox_id, SYSTEM)
+                and not NOT_A_USE.match(scope.get("path", ""))):
             try:
                 who = await _caller(scope, core, sandbox_id)
                 if await core.sandboxes.resume_on_use(sandbox_id, who):
