@@ -12,6 +12,7 @@ import pytest
 from sandlot.core.models import SnapshotState
 from sandlot.core.tenancy import SYSTEM, Principal
 from sandlot.testing import in_process
+from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import FORMAT, MachineDescription
 from sandlot.vmm.qemu import parse_machine_help
 
@@ -173,8 +174,8 @@ def test_machine_description_versions_and_problems() -> None:
     from sandlot.vmm.qemu import QemuInfo
     host = QemuInfo(version="8.0.0", machine_types=frozenset({"pc-q35-7.1"}),
                     default_q35="pc-q35-8.0")
-    assert d.problems(host, "m", "tcg") == []
-    problems = d.problems(host, "other", "kvm")
+    assert d.problems(host, "m", "tcg", HostCpu("max")) == []
+    problems = d.problems(host, "other", "kvm", HostCpu("host"))
     assert len(problems) == 2 and "device model" in problems[0] and "kvm" in problems[1]
 
 

@@ -22,24 +22,6 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 # point at host paths): builds do not depend on who runs them.
 CLEAN_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "
              "LANG=C.UTF-8")
-# A template's root filesystem fits its files with this much room (and a quarter more for
-# ext4's own blocks): each sandbox's disk is grown to its quota when it starts
-# (runtime/qemu.py `_grow_disk`), so the template's size is the least a sandbox can have.
-FIT_MARGIN_MB = 192
-
-
-def used_mb(root: Path) -> int:
-    """The apparent size of a tree's files, MiB."""
-    out = run(["du", "-sxm", "--apparent-size", str(root)])
-    return int(out.split()[0])
-
-
-def fitted_mb(root: Path, at_most: int) -> int:
-    """The size of a root filesystem for the tree `root`: its files, ext4's overhead and
-    FIT_MARGIN_MB of room, at most `at_most` (the spec's `disk_mb`)."""
-    return min(at_most, used_mb(root) * 5 // 4 + FIT_MARGIN_MB)
-
-
 def host_apt_sources() -> list[str]:
     """The host's own apt sources (never a hard-coded mirror)."""
     found = sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
@@ -161,5 +143,5 @@ def build_rootfs(spec: TemplateSpec, out_image: Path, kernel: Kernel,
             run(cmd)
         tmp_img = Path(tmp) / "rootfs.ext4"
         run(["mkfs.ext4", "-q", "-F", "-L", "sandlot", "-E", "root_owner=0:0",
-             "-d", str(root), str(tmp_img), f"{fitted_mb(root, spec.disk_mb)}M"])
+             "-d", str(root), str(tmp_img), f"{spec.disk_mb}M"])
         shutil.move(tmp_img, out_image)

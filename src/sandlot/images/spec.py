@@ -14,7 +14,7 @@ from sandlot.errors import InvalidArgumentError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # Bump when the build steps change in a way the spec does not show.
-BUILDER_VERSION = "6"  # 6: root filesystems fit their files; sandboxes' disks grow
+BUILDER_VERSION = "7"  # 7: root filesystems of `disk_mb` again (6 fitted them to their files)
 BASE_PACKAGES = [
     "python3", "python3-pip", "python3-venv", "bash", "coreutils", "procps", "iproute2",
     "ca-certificates", "curl", "sudo", "less", "kmod",
@@ -35,8 +35,9 @@ class TemplateSpec(BaseModel):
     run: list[str] = Field(default_factory=list)
     memory_mb: int = Field(512, ge=128, le=16384)
     cpus: int = Field(1, ge=1, le=4)
-    # the most its root filesystem takes: it is made to fit its files (images/rootfs.py),
-    # and each sandbox's disk is grown to its quota (SANDLOT_DISK_QUOTA_MB, `disk_mb`)
+    # its root filesystem (sparse on the host): a sandbox's disk unless its create asks for
+    # more (`disk_mb`, grown when it starts: runtime/qemu.py), so at the default quota no
+    # restore grows anything
     disk_mb: int = Field(2048, ge=512, le=65536)
 
     @field_validator("name")

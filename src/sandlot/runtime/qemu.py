@@ -213,8 +213,7 @@ class QemuRuntime(Runtime):
             size = self._disk_size(plan, vm.disks.size)
             if size > vm.disks.size:
                 self.reserve.disks.admit(vm.id, size, vm.disks.held)
-                async with vm.lock:
-                    await self._grow_disk(vm.id, vm.machine, vm.disks, agent, size)
+                self._grow_soon(vm, size)  # as a restore does: not waited for
             vm.save()
             await agent.sync_clock()
             if self.network is not None and plan.network is not None \
@@ -458,7 +457,7 @@ class QemuRuntime(Runtime):
         if not agent.has_cap("grow_disk"):
             log.warning("VM %s: its agent cannot grow its disk (rebuild its template); it keeps "
                         "%d MiB", vm_id, disks.size >> 20)
-            self.reserve.disks.admit(vm_id, disks.size, disks.held)
+            self.reserve.disks.hold(vm_id, disks.size, disks.held)  # less: nothing to check
             return False
         t0 = time.monotonic()
         await disks.grow(machine, size)
@@ -578,7 +577,6 @@ class QemuRuntime(Runtime):
         if memory:
             self.reserve.check_capture(vm.memory_mb, vm.disks.held())
         else:
-            self.reserve.check_vm(0)
             self.reserve.disks.check("a snapshot's disk layer", vm.disks.held())
         t0 = time.monotonic()
         lease = self.cache.create(key, persistent, memory=memory)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import InvalidArgumentError
+from sandlot.vmm.qemu import QEMU
 
 TCG_MODEL = "max"
 HOST_MODEL = "host"
@@ -62,8 +63,7 @@ class HostCpu:
     lacks: tuple[str, ...] = ()
 
     @classmethod
-    def detect(cls, accel: str, configured: str | None, qemu: str = "qemu-system-x86_64"
-               ) -> HostCpu:
+    def detect(cls, accel: str, configured: str | None, qemu: str = QEMU) -> HostCpu:
         model = choose_model(accel, configured)
         if accel != "kvm":
             return cls(model)

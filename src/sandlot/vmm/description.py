@@ -78,10 +78,9 @@ class MachineDescription:
         except TypeError as e:
             raise InvalidStateError(f"the snapshot's machine record is incomplete: {e}") from e
 
-    def problems(self, host: QemuInfo, device_model: str, accel: str,
-                 cpu: HostCpu | None = None) -> list[str]:
-        """Why this host cannot load it (empty: it can); `cpu`: this host's (default: the
-        accelerator's default model)."""
+    def problems(self, host: QemuInfo, device_model: str, accel: str, cpu: HostCpu
+                 ) -> list[str]:
+        """Why this host, with its QEMU and `cpu`, cannot load it (empty: it can)."""
         out = []
         if not self.memory:  # booted from its disk: only the guest inside must match
             return self._guest_problems()
@@ -94,7 +93,6 @@ class MachineDescription:
         if self.accel != accel:
             out.append(f"it was taken under {self.accel}, this server runs {accel}")
         else:
-            cpu = cpu or HostCpu(choose_model(accel, None))
             out += cpu.problems(self.cpu_model or choose_model(self.accel, None),
                                 self.cpu_features)
         return out + self._guest_problems()

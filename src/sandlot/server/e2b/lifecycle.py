@@ -101,10 +101,4 @@ class Lifecycle:
         return CreateSandbox(snapshot_id=snap.snapshot_id)
 
     def disk_mb(self, rec: SandboxRecord) -> int:
-        if rec.disk_mb:
-            return rec.disk_mb
-        try:
-            size = (self.core.templates.builds / rec.build / "rootfs.ext4").stat().st_size
-        except OSError:
-            return 0
-        return size >> 20
+        return rec.disk_mb or self.core.settings.disk_quota_mb  # (recorded since quotas)
