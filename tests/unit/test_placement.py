@@ -170,3 +170,16 @@ async def test_a_paused_sandbox_forks_from_its_paused_state(deployment, monkeypa
         r = await client.get(f"/v1/sandboxes/{kid}/files", params={"path": "/tmp/s"})
         assert r.content == b"p"
     assert (await client.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+
+
+async def test_a_host_that_does_not_answer_is_passed_over() -> None:
+    """The real Peers: a host that cannot be reached at all is 'no room' to placement, which
+    then tries the next host (not a failed create)."""
+    from sandlot.core.models import CreateSandbox
+    from sandlot.server.forward import Peers
+
+    peers = Peers("host-a", token="t")
+    gone = HostInfo(id="gone", url="http://127.0.0.1:9", state=HostState.ACTIVE, slots=4)
+    with pytest.raises(CapacityError, match="did not answer"):
+        await peers.create(gone, CreateSandbox(), Principal("t"))
+    await peers.close()

@@ -218,3 +218,41 @@ async def test_a_revoked_key_is_refused(tenants, monkeypatch) -> None:
     await asyncio.sleep(0.1)  # past what the server remembers of a check
     assert (await call("a2", "GET", "/v1/sandboxes")).status_code == 401
     assert (await call("admin", "GET", f"/v1/sandboxes/{objs['sandbox']}")).status_code == 200
+
+
+async def test_a_clients_peer_headers_are_never_relayed_to_another_host() -> None:
+    """A request forwarded to the host that runs its sandbox carries the deployment's peer
+    token; the tenant a peer's call acts for must be the forwarding host's word only, never a
+    header the client sent (which would act as any tenant, or admin, with no key)."""
+    from sandlot.server.forward import Peers, peer_principal
+
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=httpx.ByteStream(b"{}"))
+
+    peers = Peers("host-a", token="the-peer-token")
+    peers.client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    forged = [(b"x-sandlot-principal", b"victim; admin"), (b"x-sandlot-forked-from", b"sb-x"),
+              (b"x-sandlot-forwarded", b"a-guess"), (b"authorization", b"Bearer sl_mine")]
+    scope = {"type": "http", "method": "GET", "path": "/v1/sandboxes/sb-0123456789",
+             "raw_path": b"/v1/sandboxes/sb-0123456789", "query_string": b"",
+             "headers": forged}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await peers.relay(scope, receive, send, "http://host-b", body=b"")
+    await peers.close()
+    out = seen[0].headers
+    assert out.get_list("x-sandlot-forwarded") == ["the-peer-token"]
+    assert "x-sandlot-principal" not in out and "x-sandlot-forked-from" not in out
+    assert out["authorization"] == "Bearer sl_mine"  # the host that runs it checks the key
+    there = {"type": "http", "headers": [(k.encode(), v.encode()) for k, v in out.items()],
+             "app": type("App", (), {"state": type("S", (), {"peers": peers})()})()}
+    assert peer_principal(there) is None

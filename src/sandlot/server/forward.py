@@ -28,13 +28,17 @@ from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, HostUnavailableError, error_from_answer
 from sandlot.server import ports
 from sandlot.server.errors import error_body
-from sandlot.server.relay import HOP_BY_HOP, request_body, send_answer
+from sandlot.server.relay import (
+    FORKED_FROM,
+    FORWARDED,
+    HOP_BY_HOP,
+    PRINCIPAL,
+    request_body,
+    send_answer,
+)
 
 log = logging.getLogger(__name__)
-FORWARDED = "x-sandlot-forwarded"  # its value: the deployment's peer token (PEER_SECRET)
-PEER_SECRET = "peer-token"  # the name of that token in the deployment's database
-PRINCIPAL = "x-sandlot-principal"  # on a peer's call: the tenant it acts for ("; admin")
-FORKED_FROM = "x-sandlot-forked-from"  # on a fork child's create sent to another host
+PEER_SECRET = "peer-token"  # the name of the peer token (FORWARDED) in the database
 SANDBOX_PATH = re.compile(r"^/(?:v1|e2b|e2b/v2)/sandboxes/(sb-[A-Za-z0-9_-]+)(?:/|$)")
 ENVD_PATH = "/e2b/envd/"
 SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
@@ -83,8 +87,8 @@ class Peers:
         try:
             r = await self.client.post(host.url.rstrip("/") + path, content=body,
                                        headers=headers)
-        except httpx.HTTPError as e:
-            raise HostUnavailableError(f"host {host.id} did not answer: {e}") from None
+        except httpx.HTTPError as e:  # placement tries the next host, as for no room
+            raise CapacityError(f"host {host.id} did not answer: {e}") from None
         if r.status_code in (200, 201):
             return SandboxRecord.model_validate_json(r.content)
         error = error_from_answer(r.status_code, r.content)

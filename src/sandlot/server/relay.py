@@ -10,9 +10,17 @@ import httpx
 from starlette.types import Receive, Send
 
 log = logging.getLogger(__name__)
-# request and response headers that belong to one connection, not to the message
+# What a host of the deployment says on its calls to another (forward.py): the peer token, the
+# tenant a call acts for, the parent of a fork child. Never relayed from a client, whose own
+# would otherwise reach the next host beside a real token.
+FORWARDED = "x-sandlot-forwarded"  # its value: the deployment's peer token
+PRINCIPAL = "x-sandlot-principal"  # the tenant a peer's call acts for ("; admin")
+FORKED_FROM = "x-sandlot-forked-from"  # on a fork child's create sent to another host
+PEER_HEADERS = {FORWARDED.encode(), PRINCIPAL.encode(), FORKED_FROM.encode()}
+# request and response headers that belong to one connection, not to the message, and the
+# peers' own: none is passed on
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
-              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host"}
+              b"upgrade", b"proxy-authorization", b"proxy-authenticate", b"host", *PEER_HEADERS}
 
 
 async def request_body(receive: Receive) -> AsyncIterator[bytes]:
