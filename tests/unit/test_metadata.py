@@ -41,6 +41,11 @@ async def test_records_keys_and_names(store) -> None:
     assert await store.revoke_key(listed["team-a"].key_id)
     assert await store.key_principal("sl_k") is None
     assert not await store.revoke_key(listed["team-a"].key_id)
+    # SANDLOT_API_KEY stored before tenants: on the next start it is the operator's admin key
+    await store.add_key("sl_old", None)  # as a key row of before tenants
+    assert (await store.key_principal("sl_old"))[0].startswith("key-")
+    await store.add_key("sl_old", "operator", admin=True)
+    assert await store.key_principal("sl_old") == ("operator", True)
     await store.put_sandbox("sb-1", "running", "h-a", doc("sb-1", "running"))
     await store.put_sandbox("sb-2", "running", "h-b", doc("sb-2", "running"))
     await store.put_sandbox("sb-2", "stopped", "h-b", doc("sb-2", "stopped"))

@@ -183,3 +183,26 @@ async def test_a_host_that_does_not_answer_is_passed_over() -> None:
     with pytest.raises(CapacityError, match="did not answer"):
         await peers.create(gone, CreateSandbox(), Principal("t"))
     await peers.close()
+
+
+async def test_children_on_other_hosts_keep_every_setting_of_their_parent(deployment,
+                                                                          monkeypatch):
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    r = await client.post("/e2b/sandboxes", json={
+        "templateID": "base", "autoPause": True, "autoResume": {"enabled": True},
+        "network": {"allowPublicTraffic": False}, "metadata": {"m": "1"}})
+    parent = r.json()["sandboxID"]
+    monkeypatch.setattr(core.sandboxes, "free_slots", lambda: 0)
+    order[:] = [host(core.host_id, 0), host("p1", 4)]
+    r = await client.post(f"/v1/sandboxes/{parent}/fork", json={"count": 1})
+    assert r.status_code == 200 and not r.json()["errors"], r.text
+    (req,) = [c[2] for c in peers.calls if c[0] == "create"]
+    assert (req.public_traffic, req.on_timeout, req.auto_resume, req.metadata) == (
+        False, "pause", True, {"m": "1"})
+    # and from a paused parent, here
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: False))
+    assert (await client.post(f"/v1/sandboxes/{parent}/pause")).status_code == 200
+    r = await client.post(f"/v1/sandboxes/{parent}/fork", json={"count": 1})
+    kid = r.json()["sandboxes"][0]["sandbox_id"]
+    assert core.sandboxes.live[kid].record.public_traffic is False

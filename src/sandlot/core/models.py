@@ -181,6 +181,16 @@ class SandboxOverrides(BaseModel):
     public_traffic: SkipJsonSchema[bool] = True
 
 
+def overrides_of(rec: SandboxRecord, timeout: int | None = None) -> SandboxOverrides:
+    """A new sandbox's settings as `rec`'s (a fork child's; `timeout`: another lifetime)."""
+    return SandboxOverrides(
+        memory_mb=rec.memory_mb, cpus=rec.cpus, disk_mb=rec.disk_mb, env=rec.env,
+        timeout=rec.timeout if timeout is None else timeout, metadata=rec.metadata,
+        internet=rec.internet, network=rec.network, on_timeout=rec.on_timeout,
+        pause_memory=rec.pause_memory, auto_resume=rec.auto_resume,
+        public_traffic=rec.public_traffic)
+
+
 class CreateSandbox(SandboxOverrides):
     """A new sandbox from a template, a snapshot or an OCI image."""
 

@@ -20,6 +20,7 @@ from sandlot.core.models import (
     SandboxRecord,
     SandboxState,
     SnapshotState,
+    overrides_of,
 )
 from sandlot.core.sandboxes import MAX_FORK, Forked, SandboxManager
 from sandlot.core.snapshots import SnapshotManager
@@ -90,14 +91,8 @@ class Placement:
         if not self.sandboxes.is_running(sandbox_id, who):
             parent = await self.sandboxes.get(sandbox_id, who)
             if parent.state == SandboxState.PAUSED and parent.paused_snapshot:
-                overrides = SandboxOverrides(
-                    memory_mb=parent.memory_mb, cpus=parent.cpus, disk_mb=parent.disk_mb,
-                    env=parent.env,
-                    metadata=parent.metadata, internet=parent.internet,
-                    network=parent.network, on_timeout=parent.on_timeout,
-                    pause_memory=parent.pause_memory, auto_resume=parent.auto_resume,
-                    timeout=parent.timeout if timeout is None else timeout)
-                return await self.fork_snapshot(parent.paused_snapshot, count, who, overrides,
+                return await self.fork_snapshot(parent.paused_snapshot, count, who,
+                                                overrides_of(parent, timeout),
                                                 forked_from=sandbox_id)
         here = self._children_here(count)
         if here == count:
@@ -192,12 +187,8 @@ class Placement:
                 error = StorageError(f"the parent's state could not be stored for children on "
                                      f"other hosts: {snap.error or snap.state.value}")
                 return [error] * count
-            req = CreateSandbox(snapshot_id=snap.snapshot_id, memory_mb=parent.memory_mb,
-                                cpus=parent.cpus, disk_mb=parent.disk_mb, env=parent.env,
-                                metadata=parent.metadata,
-                                timeout=parent.timeout if timeout is None else timeout,
-                                internet=parent.internet,
-                                network=parent.network)
+            req = CreateSandbox(snapshot_id=snap.snapshot_id,
+                                **overrides_of(parent, timeout).model_dump())
             try:
                 hosts = [h for h in await self.hosts.place(Need(
                     memory_mb=parent.memory_mb, image_key=snap.snapshot_id))

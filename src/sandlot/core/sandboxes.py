@@ -25,6 +25,7 @@ from sandlot.core.models import (
     SnapshotKind,
     SnapshotState,
     now,
+    overrides_of,
     to_doc,
     transition,
 )
@@ -502,15 +503,7 @@ class SandboxManager:
             source = Source(image=captured.image, env=dict(parent.env),
                             template=parent.template, workdir=parent.workdir,
                             user=parent.user)
-            req = CreateSandbox(memory_mb=parent.memory_mb, cpus=parent.cpus,
-                                disk_mb=parent.disk_mb, env=parent.env,
-                                timeout=parent.timeout if timeout is None else timeout,
-                                metadata=parent.metadata,
-                                internet=parent.internet, network=parent.network,
-                                on_timeout=parent.on_timeout,
-                                pause_memory=parent.pause_memory,
-                                auto_resume=parent.auto_resume,
-                                public_traffic=parent.public_traffic)
+            req = CreateSandbox(**overrides_of(parent, timeout).model_dump())
 
             async def child() -> SandboxRecord:
                 rec = self._new_record(source, req)

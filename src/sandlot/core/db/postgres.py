@@ -134,10 +134,12 @@ class PostgresStore:
     # ---- API keys and secrets -------------------------------------------------------------
 
     async def add_key(self, key: str, tenant: str, admin: bool = False) -> None:
-        # A key added again keeps its tenant (its objects); an admin's becomes an admin.
+        # A key added again keeps its tenant (its objects); an admin's becomes an admin, and
+        # one from before tenants (SANDLOT_API_KEY) takes the tenant given.
         await self._q("INSERT INTO api_keys (hash, created_at, tenant, admin) "
                       "VALUES (%s, %s, %s, %s) ON CONFLICT (hash) DO UPDATE SET "
-                      "admin = api_keys.admin OR excluded.admin",
+                      "admin = api_keys.admin OR excluded.admin, "
+                      "tenant = coalesce(api_keys.tenant, excluded.tenant)",
                       (hash_key(key), time.time(), tenant, admin))
 
     async def key_principal(self, key: str) -> tuple[str, bool] | None:

@@ -83,9 +83,11 @@ class SqliteStore:
     # ---- API keys and secrets -------------------------------------------------------------
 
     async def add_key(self, key: str, tenant: str, admin: bool = False) -> None:
-        # A key added again keeps its tenant (its objects); an admin's becomes an admin.
+        # A key added again keeps its tenant (its objects); an admin's becomes an admin, and
+        # one from before tenants (SANDLOT_API_KEY) takes the tenant given.
         self._q("INSERT INTO api_keys (hash, created_at, tenant, admin) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (hash) DO UPDATE SET admin = max(admin, excluded.admin)",
+                "ON CONFLICT (hash) DO UPDATE SET admin = max(admin, excluded.admin), "
+                "tenant = coalesce(tenant, excluded.tenant)",
                 (hash_key(key), time.time(), tenant, int(admin)))
 
     async def key_principal(self, key: str) -> tuple[str, bool] | None:
