@@ -4,13 +4,15 @@ a `Principal` (core/tenancy.py), which every core call that names an object is g
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from sandlot.core.tenancy import Principal
 from sandlot.errors import PermissionDeniedError
 from sandlot.server.forward import peer_principal
 
 
-def bearer_key(request: Request) -> str | None:
+def bearer_key(request: HTTPConnection) -> str | None:
+    """The API key a request (or a WebSocket's handshake) carries."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key.strip():

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import re
 
-from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot.core.tenancy import NOBODY, OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.errors import NotFoundError, SandlotError
+from sandlot.server.auth import bearer_key
 from sandlot.server.forward import sandbox_of
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ class AutoResume:
 async def _caller(scope: Scope, core, sandbox_id: str) -> Principal:
     """Who the request acts for, as far as waking `sandbox_id` goes: its API key's tenant, or
     the sandbox's own tenant for its envd access token; else nobody."""
-    headers = Headers(scope=scope)
-    token = headers.get("x-access-token")
+    conn = HTTPConnection(scope)
+    token = conn.headers.get("x-access-token")
     e2b = getattr(scope["app"].state, "e2b", None)
     if token and e2b is not None:
         if not e2b.tokens.check(sandbox_id, token):
@@ -56,9 +57,7 @@ async def _caller(scope: Scope, core, sandbox_id: str) -> Principal:
                              or OPERATOR_TENANT)
         except NotFoundError:
             return NOBODY
-    scheme, _, key = headers.get("authorization", "").partition(" ")
-    key = key.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
     try:
-        return await core.authenticate(key)
+        return await core.authenticate(bearer_key(conn))
     except SandlotError:
         return NOBODY
