@@ -33,14 +33,16 @@ HOST_PATH = "<host path>"
 _ABSOLUTE = re.compile(r"(?<![\w.:/<-])/(?:[^\s'\"/,;()\[\]{}<>]+/)+[^\s'\",;()\[\]{}<>]*")
 
 
+def hide_path(m: re.Match) -> str:
+    """A matched path as a message may show it: HOST_PATH (a sentence's end kept)."""
+    path = m.group(0)
+    return HOST_PATH + path[len(path.rstrip(".:")):]
+
+
 def without_paths(text: str) -> str:
     """`text` with every absolute path of two components or more replaced: what a message of
     the host's side (storage, VMM, builds) may show a client."""
-    def one(m: re.Match) -> str:
-        path = m.group(0)
-        return HOST_PATH + path[len(path.rstrip(".:")):]  # a path at a sentence's end
-
-    return _ABSOLUTE.sub(one, text)
+    return _ABSOLUTE.sub(hide_path, text)
 
 
 class SandlotError(Exception):

@@ -23,12 +23,12 @@ from sandlot.errors import (
     SandlotError,
     StorageError,
     VmmError,
+    hide_path,
     without_paths,
 )
 
 log = logging.getLogger(__name__)
 
-HOST_PATH = "<host path>"  # as sandlot.errors.without_paths writes it
 # errors raised by the host's side: any absolute path in them is the host's
 HOST_SIDE = (StorageError, BuildError, VmmError, CapacityError, HostUnavailableError)
 _roots: set[str] = set()
@@ -47,15 +47,10 @@ def add_host_roots(*paths: Path | str | None) -> None:
                           ) if _roots else None
 
 
-def _hide(m: re.Match) -> str:
-    path = m.group(0)
-    return HOST_PATH + path[len(path.rstrip(".:")):]  # a path at a sentence's end
-
-
 def redact(message: str, host_side: bool = False) -> str:
     """`message` without this host's paths (`host_side`: without any absolute path)."""
     if _root_re is not None:
-        message = _root_re.sub(_hide, message)
+        message = _root_re.sub(hide_path, message)
     if host_side:
         message = without_paths(message)
     return message
