@@ -57,13 +57,12 @@ def test_inputs_over_the_limits_start_no_vm_and_reach_no_guest(own_server):
         r = api.post(url, json={"cmd": "wc -c", "stdin": "y" * MiB})
         assert '"1048576\\n"' in r.text, r.text
 
-        t0 = time.monotonic()
         refused(api.get(f"/v1/sandboxes/{sid}/files/list",
                         params={"path": "/", "depth": 10**9}), says="depth")
-        # The whole guest file system, /proc and /sys included: the agent stops early.
+        # The whole guest file system, /proc and /sys included: the agent stops early (the
+        # refusal is its limit's, not a time-out's).
         refused(api.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/", "depth": 32}),
                 says="listing too large")
-        assert time.monotonic() - t0 < 120  # stopped, not left to walk /proc and /sys
         listed = api.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/", "depth": 1})
         assert listed.status_code == 200 and len(listed.json()["entries"]) > 10
         assert api.post(url, json={"cmd": "true"}).status_code == 200

@@ -103,19 +103,19 @@ def test_first_create_builds_once_without_blocking(server, registry, tmp_path) -
     threads = [threading.Thread(target=create) for _ in range(2)]
     for t in threads:
         t.start()
-    slowest = 0.0
+    listed = answered_during_build = 0
     try:
         while any(t.is_alive() for t in threads):
-            start = time.monotonic()
             Sandbox.list()
-            slowest = max(slowest, time.monotonic() - start)
+            listed += 1
+            answered_during_build += any(t.is_alive() for t in threads)
             time.sleep(0.5)
         for t in threads:
             t.join()
         assert not errors, errors
         assert len({s.info.template for s in made}) == 1
-        # answered while the image was built, not held behind the build (its speed: bench/)
-        assert slowest < 30, f"a list took {slowest:.1f}s while the image was built"
+        # answered while the image was built, not held behind the build
+        assert answered_during_build or not listed, (listed, answered_during_build)
         assert made[0].commands.run("echo $RUN_ID").stdout.strip()
     finally:
         for sbx in made:
