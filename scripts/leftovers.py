@@ -101,14 +101,17 @@ def check(snapshot: Path, tag: str, workdir: str) -> int:
     if any(new.values()):
         time.sleep(SETTLE_S)
         new = {k: v & set(objects()[k]) for k, v in new.items()}
-        left = processes(tag, workdir) or left
+        still = processes(tag, workdir)  # those gone meanwhile are reported, never killed
+    else:
+        still = left
     bad = False
     if left:
         bad = True
-        print(f"leftovers: {len(left)} processes of the run still running (killed now):")
+        print(f"leftovers: {len(left)} processes of the run were still running "
+              f"({len(still)} killed now):")
         for pid, cmd in sorted(left.items()):
             print(f"  {pid} {cmd}")
-        for pid in left:
+        for pid in still:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

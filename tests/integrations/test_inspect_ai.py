@@ -12,9 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("inspect_ai")
-
 from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F403 - Inspect's checks
 
 from sandlot import AsyncSandlot  # noqa: E402
@@ -161,8 +158,8 @@ def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
     """`inspect eval --sandbox sandlot` with the mock model: Inspect finds the provider by its
     entry point (installed by `pip install -e .`)."""
     eps = importlib.metadata.entry_points(group="inspect_ai")
-    if not any(ep.name == "sandlot" for ep in eps):
-        pytest.skip("sandlot is not installed with its entry points (pip install -e .)")
+    # `make setup` installs sandlot with its entry points (pip install -e '.[test]')
+    assert any(ep.name == "sandlot" for ep in eps), "run `make setup`"
     (tmp_path / "two.py").write_text(CLI_TASK)
     run = subprocess.run(
         [str(Path(sys.executable).parent / "inspect"), "eval", "two.py", "--sandbox", "sandlot",

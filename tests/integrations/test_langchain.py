@@ -7,10 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-pytest.importorskip("deepagents")
-pytest.importorskip("langchain_tests")
-
 from langchain_tests.integration_tests import SandboxIntegrationTests  # noqa: E402
 
 from sandlot import NotFoundError  # noqa: E402

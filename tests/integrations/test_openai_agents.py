@@ -11,9 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-pytest.importorskip("agents.sandbox")
-
 from agents import RunConfig, Runner  # noqa: E402
 from agents.items import ToolCallOutputItem  # noqa: E402
 from agents.sandbox import Manifest, SandboxAgent, SandboxRunConfig  # noqa: E402

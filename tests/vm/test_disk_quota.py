@@ -7,6 +7,7 @@ filesystem the test makes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from harness import IMAGES_DIR, Server, cleanup
+from harness import IMAGES_DIR, cleanup, make_server
 from sandlot import CapacityError, Sandbox
 
 RESERVE_MB = 256
@@ -55,15 +56,12 @@ def small_data_fs(tmp_path):
 
 
 @pytest.fixture
-def small_server(small_data_fs, tmp_path, tmp_path_factory):
+def small_server(small_data_fs, tmp_path):
     """A server whose data dir (its sandboxes' disks) is on the small filesystem; sandboxes
     get the template's own disk unless they ask for more."""
-    srv = Server(data_dir=small_data_fs / "data", instance=f"t{os.getpid()}dq",
-                 log_path=tmp_path / "server.log",
-                 extra_env={"SANDLOT_STORE": str(tmp_path_factory.getbasetemp() / "store"),
-                            "SANDLOT_METRICS_INTERVAL": "1", "SANDLOT_POOL_SIZE": "0",
-                            "SANDLOT_RESERVE_DISK_MB": str(RESERVE_MB),
-                            "SANDLOT_DISK_QUOTA_MB": str(template_mb())})
+    srv = dataclasses.replace(make_server(tmp_path, "dq"), data_dir=small_data_fs / "data")
+    srv.extra_env.update({"SANDLOT_POOL_SIZE": "0", "SANDLOT_RESERVE_DISK_MB": str(RESERVE_MB),
+                          "SANDLOT_DISK_QUOTA_MB": str(template_mb())})
     srv.start()
     try:
         yield srv
