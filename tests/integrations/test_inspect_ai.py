@@ -5,13 +5,9 @@ an end-to-end `eval` with Inspect's mock model."""
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F403 - Inspect's checks
 
 from sandlot import AsyncSandlot  # noqa: E402
@@ -21,7 +17,9 @@ from sandlot.integrations.inspect_ai import (  # noqa: E402
     SandlotSandboxEnvironment,
 )
 
-pytestmark = pytest.mark.vm
+# One event loop for the module: a sample is shared by the checks of its config. (Inspect's
+# eval, sync: test_inspect_ai_eval.py.)
+pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module")]
 
 TASK = "sandlot-selfcheck"
 # The task's setup: a file, and a process that must still run in every sample.
@@ -41,13 +39,20 @@ def inspect_task(request, server):
     asyncio.run(SandlotSandboxEnvironment.task_cleanup(TASK, cfg, True))
 
 
-@pytest.fixture
-async def sandbox_env(inspect_task):
-    """One sample's environment, restored from the task's snapshot (what the checks use)."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sample(inspect_task):
+    """One sample's environment, restored from the task's snapshot, for every check of its
+    config (as Inspect's own runner shares one)."""
     name, cfg = inspect_task
     envs = await SandlotSandboxEnvironment.sample_init(name, cfg, {})
     yield envs["default"]
     await SandlotSandboxEnvironment.sample_cleanup(name, cfg, envs, False)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def sandbox_env(sample):
+    """What Inspect's checks ask for (function-scoped, as its self_check wants)."""
+    return sample
 
 
 async def test_sample_starts_from_the_warm_snapshot(sandbox_env):
@@ -101,80 +106,6 @@ async def test_write_keeps_an_existing_files_mode_and_owner(sandbox_env):
 async def test_connection_names_the_sandbox(sandbox_env):
     conn = await sandbox_env.connection()
     assert conn.type == "sandlot" and sandbox_env.sandlot.sandbox_id in conn.command
-
-
-def test_eval_with_the_mock_model(server, tmp_path):
-    """A two-sample task run by Inspect itself (task_init, samples, scorer, cleanup). No
-    `generate()`: the mock model's token count would fetch a tokenizer from the network."""
-    from inspect_ai import Task, eval
-    from inspect_ai.dataset import Sample
-    from inspect_ai.scorer import includes
-    from inspect_ai.solver import solver
-    from inspect_ai.util import sandbox
-
-    @solver
-    def read_marker():
-        async def solve(state, generate_):
-            echo = f"echo {state.input}-$(cat /opt/warm/marker)"
-            state.output.completion = (await sandbox().exec(["sh", "-c", echo])).stdout
-            return state
-        return solve
-
-    task = Task(dataset=[Sample(input="one", target="one-ready"),
-                         Sample(input="two", target="two-ready")],
-                solver=read_marker(), scorer=includes(),
-                sandbox=("sandlot", SandlotConfig(setup=SETUP, timeout=600)))
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
-    assert log.status == "success", log.error
-    assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
-
-
-CLI_TASK = """
-from inspect_ai import Task, task
-from inspect_ai.dataset import Sample
-from inspect_ai.scorer import includes
-from inspect_ai.solver import solver
-from inspect_ai.util import sandbox
-
-
-@solver
-def shell():
-    async def solve(state, generate):
-        result = await sandbox().exec(["sh", "-c", f"echo {state.input} from $(hostname)"])
-        state.output.completion = result.stdout
-        return state
-    return solve
-
-
-@task
-def two_samples():
-    return Task(dataset=[Sample(input="one", target="one from"),
-                         Sample(input="two", target="two from")],
-                solver=shell(), scorer=includes())
-"""
-
-
-def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
-    """`inspect eval --sandbox sandlot` with the mock model: Inspect finds the provider by its
-    entry point (installed by `pip install -e .`)."""
-    eps = importlib.metadata.entry_points(group="inspect_ai")
-    # `make setup` installs sandlot with its entry points (pip install -e '.[test]')
-    assert any(ep.name == "sandlot" for ep in eps), "run `make setup`"
-    (tmp_path / "two.py").write_text(CLI_TASK)
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "inspect"), "eval", "two.py", "--sandbox", "sandlot",
-         "--model", "mockllm/model", "--log-dir", "logs", "--log-format", "json",
-         "--display", "plain"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    [log_file] = (tmp_path / "logs").glob("*.json")
-    log = json.loads(log_file.read_text())
-    assert log["status"] == "success"
-    assert [s["scores"]["includes"]["value"] for s in log["samples"]] == ["C", "C"]
-    cleanup = subprocess.run(
-        [str(Path(sys.executable).parent / "inspect"), "sandbox", "cleanup", "sandlot"],
-        capture_output=True, text=True, timeout=300)
-    assert cleanup.returncode == 0 and "sandlot: killed" in cleanup.stdout, cleanup.stderr
 
 
 async def test_cli_cleanup_kills_what_is_left(inspect_task):

@@ -311,9 +311,13 @@ class SandlotSandboxEnvironment(SandboxEnvironment):
             for role in ("setup", "sample"):
                 for info in await client.sandboxes.list({TAG: role}):
                     killed += await client.sandboxes.kill(info.sandbox_id)
+            # the task snapshots: taken of this provider's setup sandboxes (a user's own
+            # snapshot named alike stays)
+            setups = {info.sandbox_id for info in await client.sandboxes.list(
+                {TAG: "setup"}, include_stopped=True)}
             deleted = 0
             for snap in await client.snapshots.list():
-                if (snap.name or "").startswith(SNAPSHOT_PREFIX):
+                if snap.sandbox_id in setups and (snap.name or "").startswith(SNAPSHOT_PREFIX):
                     deleted += await client.snapshots.delete(snap.snapshot_id)
         print(f"sandlot: killed {killed} sandboxes, deleted {deleted} snapshots")
 

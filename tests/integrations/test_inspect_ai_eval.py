@@ -1,0 +1,93 @@
+"""Inspect AI runs evals on the sandlot provider itself: in process with `eval()`, and from
+the command line (`inspect eval --sandbox sandlot`, found by its entry point), with Inspect's
+mock model."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandlot.integrations.inspect_ai import SandlotConfig
+
+pytestmark = pytest.mark.vm
+# The task's setup: a file every sample must see.
+SETUP = "mkdir -p /opt/warm && echo ready > /opt/warm/marker"
+
+
+def test_eval_with_the_mock_model(server, tmp_path):
+    """A two-sample task run by Inspect itself (task_init, samples, scorer, cleanup). No
+    `generate()`: the mock model's token count would fetch a tokenizer from the network."""
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import solver
+    from inspect_ai.util import sandbox
+
+    @solver
+    def read_marker():
+        async def solve(state, generate_):
+            echo = f"echo {state.input}-$(cat /opt/warm/marker)"
+            state.output.completion = (await sandbox().exec(["sh", "-c", echo])).stdout
+            return state
+        return solve
+
+    task = Task(dataset=[Sample(input="one", target="one-ready"),
+                         Sample(input="two", target="two-ready")],
+                solver=read_marker(), scorer=includes(),
+                sandbox=("sandlot", SandlotConfig(setup=SETUP, timeout=600)))
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
+
+
+CLI_TASK = """
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import includes
+from inspect_ai.solver import solver
+from inspect_ai.util import sandbox
+
+
+@solver
+def shell():
+    async def solve(state, generate):
+        result = await sandbox().exec(["sh", "-c", f"echo {state.input} from $(hostname)"])
+        state.output.completion = result.stdout
+        return state
+    return solve
+
+
+@task
+def two_samples():
+    return Task(dataset=[Sample(input="one", target="one from"),
+                         Sample(input="two", target="two from")],
+                solver=shell(), scorer=includes())
+"""
+
+
+def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
+    """`inspect eval --sandbox sandlot` with the mock model: Inspect finds the provider by its
+    entry point (installed by `pip install -e .`)."""
+    eps = importlib.metadata.entry_points(group="inspect_ai")
+    # `make setup` installs sandlot with its entry points (pip install -e '.[test]')
+    assert any(ep.name == "sandlot" for ep in eps), "run `make setup`"
+    (tmp_path / "two.py").write_text(CLI_TASK)
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "eval", "two.py", "--sandbox", "sandlot",
+         "--model", "mockllm/model", "--log-dir", "logs", "--log-format", "json",
+         "--display", "plain"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [log_file] = (tmp_path / "logs").glob("*.json")
+    log = json.loads(log_file.read_text())
+    assert log["status"] == "success"
+    assert [s["scores"]["includes"]["value"] for s in log["samples"]] == ["C", "C"]
+    cleanup = subprocess.run(
+        [str(Path(sys.executable).parent / "inspect"), "sandbox", "cleanup", "sandlot"],
+        capture_output=True, text=True, timeout=300)
+    assert cleanup.returncode == 0 and "sandlot: killed" in cleanup.stdout, cleanup.stderr
