@@ -203,12 +203,9 @@ class SandlotProvider:
         """A backend on a new sandbox (from the provider's snapshot, image or template)."""
         meta = {**self._metadata, **(metadata or {})}
         life = timeout or self._timeout
-        if self._snapshot:
-            sandbox = self._client.snapshots.get(self._snapshot).restore_with(
-                timeout=life, metadata=meta)
-        else:
-            sandbox = self._client.sandboxes.create(
-                self._template, image=self._image, timeout=life, metadata=meta)
+        sandbox = self._client.sandboxes.create(
+            self._template, snapshot_id=self._snapshot,
+            image=None if self._snapshot else self._image, timeout=life, metadata=meta)
         return self._backend(sandbox)
 
     def get(self, *, sandbox_id: str) -> SandlotBackend:

@@ -69,6 +69,7 @@ from sandlot import (
     AsyncSandlot,
     AsyncTerminal,
     CommandTimeoutError,
+    InvalidStateError,
     NotFoundError,
     SandlotError,
 )
@@ -224,12 +225,9 @@ class SandlotSandboxSession(BaseSandboxSession):
 
     async def _run(self, cmd: str, *, cwd: str | None, timeout: float | None,
                    user: str | None = None) -> ExecResult:
-        out: list[str] = []
-        err: list[str] = []
-        result = await self._sandbox.commands.run(
-            cmd, timeout=timeout, cwd=cwd, user=user, env=await self._env(),
-            on_stdout=out.append, on_stderr=err.append)
-        return ExecResult(stdout="".join(out).encode(), stderr="".join(err).encode(),
+        result = await self._sandbox.commands.run(cmd, timeout=timeout, cwd=cwd, user=user,
+                                                  env=await self._env())
+        return ExecResult(stdout=result.stdout.encode(), stderr=result.stderr.encode(),
                           exit_code=result.exit_code)
 
     @staticmethod
@@ -335,7 +333,8 @@ class SandlotSandboxSession(BaseSandboxSession):
         snapshot_id = decode_snapshot_ref(bytes(raw))
         if snapshot_id is not None:
             try:
-                restored = await _restore(self._client, self.state, snapshot_id)
+                restored = await _start(self._client, self.state, self.state.base_env,
+                                        snapshot_id)
             except SandlotError as exc:
                 raise WorkspaceArchiveWriteError(
                     path=root, context={"reason": "snapshot_restore_failed",
@@ -493,11 +492,15 @@ class SandlotSandboxSession(BaseSandboxSession):
             await asyncio.gather(proc.waiter, return_exceptions=True)
 
 
-async def _restore(client: AsyncSandlot, state: SandlotSandboxSessionState,
-                   snapshot_id: str) -> AsyncSandbox:
-    snap = await client.snapshots.get(snapshot_id)
-    return await snap.restore_with(timeout=state.sandbox_timeout, metadata=state.metadata,
-                                   env=state.base_env or None, internet=state.internet)
+async def _start(client: AsyncSandlot, state: SandlotSandboxSessionState, env: dict[str, str],
+                 snapshot_id: str | None = None) -> AsyncSandbox:
+    """A sandbox with the session's settings: a restore of `snapshot_id` (its processes go
+    on), else of the state's source snapshot, else its template or image."""
+    snapshot_id = snapshot_id or state.source_snapshot
+    return await client.sandboxes.create(
+        state.template, snapshot_id=snapshot_id, image=None if snapshot_id else state.image,
+        memory_mb=state.memory_mb, cpus=state.cpus, env=env or None,
+        timeout=state.sandbox_timeout, metadata=state.metadata, internet=state.internet)
 
 
 class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
@@ -523,18 +526,6 @@ class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
         """Close the HTTP connections (sessions' sandboxes keep running)."""
         await self._client.aclose()
 
-    async def _new_sandbox(self, state: SandlotSandboxSessionState, env: dict[str, str],
-                           ) -> AsyncSandbox:
-        if state.source_snapshot:
-            snap = await self._client.snapshots.get(state.source_snapshot)
-            return await snap.restore_with(memory_mb=state.memory_mb, cpus=state.cpus,
-                                           env=env or None, timeout=state.sandbox_timeout,
-                                           metadata=state.metadata, internet=state.internet)
-        return await self._client.sandboxes.create(
-            state.template, image=state.image, memory_mb=state.memory_mb, cpus=state.cpus,
-            env=env or None, timeout=state.sandbox_timeout, metadata=state.metadata,
-            internet=state.internet)
-
     def _session(self, state: SandlotSandboxSessionState, sandbox: AsyncSandbox,
                  *, preserved: bool) -> SandboxSession:
         inner = SandlotSandboxSession(state=state, sandbox=sandbox, client=self._client)
@@ -558,7 +549,7 @@ class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
             internet=options.internet, pause_on_exit=options.pause_on_exit,
             exposed_ports=options.exposed_ports)
         env = {**state.base_env, **await manifest.environment.resolve()}
-        sandbox = await self._new_sandbox(state, env)
+        sandbox = await _start(self._client, state, env)
         state.sandbox_id = sandbox.sandbox_id
         return self._session(state, sandbox, preserved=False)
 
@@ -585,14 +576,14 @@ class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
             snapshot_id = await self._persisted_snapshot(state)
             if snapshot_id is not None:
                 try:
-                    sandbox = await _restore(self._client, state, snapshot_id)
+                    sandbox = await _start(self._client, state, state.base_env, snapshot_id)
                 except NotFoundError:
                     sandbox = None
         if sandbox is not None:
             state.sandbox_id = sandbox.sandbox_id
             return self._session(state, sandbox, preserved=True)
         env = {**state.base_env, **await state.manifest.environment.resolve()}
-        sandbox = await self._new_sandbox(state, env)
+        sandbox = await _start(self._client, state, env)
         state.sandbox_id = sandbox.sandbox_id
         state.workspace_root_ready = False
         return self._session(state, sandbox, preserved=False)
@@ -600,14 +591,14 @@ class SandlotSandboxClient(BaseSandboxClient[SandlotSandboxClientOptions]):
     async def _reattach(self, sandbox_id: str) -> AsyncSandbox | None:
         if not sandbox_id:
             return None
-        try:
+        try:  # gone: None; a failure to reach the server is raised, not taken for gone
             sandbox = await self._client.sandboxes.connect(sandbox_id)
-        except SandlotError:
+        except NotFoundError:
             return None
         if sandbox.info.state == "paused":
             try:
                 return await self._client.sandboxes.resume(sandbox_id)
-            except SandlotError:
+            except (NotFoundError, InvalidStateError):  # killed, or resumed elsewhere
                 return None
         return sandbox if sandbox.info.state in ("running", "starting") else None
 
