@@ -36,7 +36,8 @@ def test_the_server_uses_cores_public_calls() -> None:
     for path in sorted((SRC / "server").rglob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
-            if re.search(r"\b(core|c|ctx\.core|self\.core)\b", code) and reach.search(code):
+            if (re.search(r"\b(core|c|ctx\.core|self\.core)\b", code) and reach.search(code)
+                    or re.search(r"\bsandboxes\.live\b", code)):  # however it is reached
                 raise AssertionError(f"{path.relative_to(SRC)}:{n}: {line.strip()}")
 
 

@@ -32,7 +32,7 @@ from sandlot.core.models import (
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
 from sandlot.core.templates import TemplateStore
-from sandlot.core.tenancy import NOBODY, OPERATOR_TENANT, SYSTEM, Principal
+from sandlot.core.tenancy import NOBODY, SYSTEM, Principal, tenant_of
 from sandlot.errors import (
     CapacityError,
     InvalidArgumentError,
@@ -148,7 +148,7 @@ class SandboxManager:
         """Who a credential of one running sandbox (an envd access token, a URL signed with
         it) acts for: the sandbox's tenant (a sandbox not running here: nobody)."""
         live = self.live.get(sandbox_id)
-        return Principal(live.record.owner or OPERATOR_TENANT) if live else NOBODY
+        return tenant_of(live.record.owner) if live else NOBODY
 
     def is_running(self, sandbox_id: str, who: Principal) -> bool:
         """Whether the sandbox runs on this host and `who` sees it."""

@@ -25,6 +25,12 @@ class Principal:
         return self.admin or (owner or OPERATOR_TENANT) == self.tenant
 
 
+def tenant_of(owner: str | None) -> Principal:
+    """Who a credential of one sandbox (an envd access token, a traffic token, a URL signed
+    with it) acts for: the tenant that owns the sandbox (`owner`, as its record has it)."""
+    return Principal(owner or OPERATOR_TENANT)
+
+
 # Calls core makes on its own behalf (the reaper, recovery, auto-resume, a peer's placement).
 SYSTEM = Principal(OPERATOR_TENANT, admin=True)
 # Sees nothing: a credential of a sandbox that does not run here.

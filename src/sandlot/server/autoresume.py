@@ -13,7 +13,7 @@ import re
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandlot.core.tenancy import NOBODY, OPERATOR_TENANT, SYSTEM, Principal
+from sandlot.core.tenancy import NOBODY, SYSTEM, Principal, tenant_of
 from sandlot.errors import NotFoundError, SandlotError
 from sandlot.server.auth import bearer_key
 from sandlot.server.forward import sandbox_of
@@ -53,8 +53,7 @@ async def _caller(scope: Scope, core, sandbox_id: str) -> Principal:
         if not e2b.tokens.check(sandbox_id, token):
             return NOBODY
         try:
-            return Principal((await core.sandboxes.get(sandbox_id, SYSTEM)).owner
-                             or OPERATOR_TENANT)
+            return tenant_of((await core.sandboxes.get(sandbox_id, SYSTEM)).owner)
         except NotFoundError:
             return NOBODY
     try:

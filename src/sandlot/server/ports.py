@@ -32,7 +32,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot.core.models import SandboxState
-from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
+from sandlot.core.tenancy import SYSTEM, tenant_of
 from sandlot.errors import NotFoundError, SandlotError
 from sandlot.server import relay
 
@@ -176,9 +176,9 @@ class PortRoutes:
             expected = _tokens(scope).traffic(sandbox_id).encode()
             if not hmac.compare_digest(expected, token):
                 raise PortError(403, "the traffic access token is not this sandbox's")
-        who = Principal(rec.owner or OPERATOR_TENANT)  # the sandbox's own credential
+        who = tenant_of(rec.owner)  # the sandbox's own credential
         sandboxes = core.sandboxes
-        if sandbox_id not in sandboxes.live and rec.state == SandboxState.PAUSED:
+        if not sandboxes.is_running(sandbox_id, SYSTEM) and rec.state == SandboxState.PAUSED:
             if not rec.auto_resume:
                 raise PortError(409, f"sandbox {sandbox_id} is paused; resume it (connect) or "
                                      "create it with auto_resume to wake it by traffic")
@@ -188,13 +188,15 @@ class PortRoutes:
             except SandlotError as e:
                 raise PortError(502, f"sandbox {sandbox_id} could not be resumed: "
                                      f"{e.message or e}") from None
-        if sandbox_id not in sandboxes.live:
+        if not sandboxes.is_running(sandbox_id, SYSTEM):
             raise PortError(404, f"sandbox {sandbox_id} is not running (state: "
                                  f"{rec.state.value})")
         try:
             return await sandboxes.expose_port(sandbox_id, port, who=who)
-        except SandlotError as e:
-            raise PortError(e.status, e.message or str(e)) from None
+        except SandlotError as e:  # the caller has no key: nothing of the tenant's limits
+            log.info("port %d of %s not exposed: %s", port, sandbox_id, e.message)
+            raise PortError(e.status, f"port {port} of sandbox {sandbox_id} cannot be "
+                                      "reached now") from None
 
     async def _relay_http(self, scope: Scope, receive: Receive, send: Send, base: str,
                           port: int, sandbox_id: str) -> None:
