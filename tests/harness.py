@@ -5,9 +5,13 @@ conftest modules are not importable by name once there is more than one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import random
 import re
 import secrets
+import subprocess
+import time
 from pathlib import Path
 
 from sandlot import testing
@@ -84,3 +88,62 @@ async def gc_under_concurrent_uploads(store, tmp: Path, count: int, mib: int, gc
         out = tmp / f"out{i}"
         await store.fetch(f"k{i}", {"f": out})
         assert out.read_bytes() == f.read_bytes()
+
+
+def eventually(check, timeout: float = 10.0) -> None:
+    """Poll `check` until it is true; fail after `timeout` seconds (a bound on a wait, not a
+    speed)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    if check and proc.returncode:
+        raise RuntimeError(f"{argv}: {proc.stderr}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def own_internet(root: Path, ns: str, veth: str, net: ipaddress.IPv4Network,
+                  dns_name: str | None = None):
+    """A test's own "internet" (nothing leaves the machine): namespace `ns` behind veth
+    `veth` (the host side .1 of `net`), web servers "A" on .2 and "B" on .3 serving
+    `site-A`/`site-B`, and with `dns_name` a DNS server on .2 answering it with .3."""
+    host_ip, web_a, web_b = (str(net[i]) for i in (1, 2, 3))
+    procs: list[subprocess.Popen] = []
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", f"{host_ip}/24", "dev", veth)
+        sh("ip", "link", "set", veth, "up")
+        for args in (["addr", "add", f"{web_a}/24", "dev", "eth0"],
+                     ["addr", "add", f"{web_b}/24", "dev", "eth0"],
+                     ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
+            sh("ip", "-n", ns, *args)
+        for name, addr in (("A", web_a), ("B", web_b)):
+            (root / name).mkdir(parents=True, exist_ok=True)
+            (root / name / "index.html").write_text(f"site-{name}\n")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, "python3", "-m", "http.server", "80", "--bind",
+                 addr, "--directory", str(root / name)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wanted = [f"{web_a}:80 ", f"{web_b}:80 "]
+        if dns_name:
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, "dnsmasq", "--no-daemon", "--conf-file=/dev/null",
+                 "--no-resolv", "--no-hosts", "--bind-interfaces", f"--listen-address={web_a}",
+                 f"--address=/{dns_name}/{web_b}", "--pid-file=", "--user=root"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wanted.append(f"{web_a}:53 ")
+        eventually(lambda: all(w in sh("ip", "netns", "exec", ns, "ss", "-lntu", "-H")
+                               for w in wanted))
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(5)
+        sh("ip", "link", "del", veth, check=False)
+        sh("ip", "netns", "del", ns, check=False)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import subprocess
+import secrets
 import threading
 import time
 import zipfile
@@ -26,14 +25,11 @@ from e2b import (
 )
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
-WEB_A, WEB_B = "198.18.7.2", "198.18.7.3"  # a benchmarking range: no host route
+from harness import eventually, own_internet
+from sandlot.testing import unused_subnet
 
-
-def eventually(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
+WEB = unused_subnet()  # this run's own "internet" (a benchmarking range: no host route)
+WEB_A, WEB_B = str(WEB[2]), str(WEB[3])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,45 +177,13 @@ def test_snapshot_names_starting_with_snap_and_their_filters(sbx):
         Sandbox.delete_snapshot(other.snapshot_id)
 
 
-def _sh(*argv: str, check: bool = True) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-    if check and proc.returncode:
-        raise RuntimeError(f"{argv}: {proc.stderr}")
-
-
 @pytest.fixture
 def two_sites(tmp_path):
     """Two web servers, WEB_A and WEB_B, in a namespace of this test's, routed from the host:
     nothing here leaves the machine."""
-    sfx = f"{os.getpid() % 0x10000:x}"
-    ns, veth = f"slt-e2bw-{sfx}", f"slte2b{sfx}"
-    procs = []
-    _sh("ip", "netns", "add", ns)
-    try:
-        _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _sh("ip", "addr", "add", "198.18.7.1/24", "dev", veth)
-        _sh("ip", "link", "set", veth, "up")
-        for args in (["addr", "add", f"{WEB_A}/24", "dev", "eth0"],
-                     ["addr", "add", f"{WEB_B}/24", "dev", "eth0"],
-                     ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
-            _sh("ip", "-n", ns, *args)
-        (tmp_path / "index.html").write_text("site\n")
-        for addr in (WEB_A, WEB_B):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "python3", "-m", "http.server", "80", "--bind",
-                 addr, "--directory", str(tmp_path)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        eventually(lambda: all(
-            f"{a}:80 " in subprocess.run(["ip", "netns", "exec", ns, "ss", "-lnt", "-H"],
-                                         capture_output=True, text=True).stdout
-            for a in (WEB_A, WEB_B)))
+    sfx = secrets.token_hex(3)
+    with own_internet(tmp_path, f"slt-e2bw-{sfx}", f"slte2b{sfx}", WEB):
         yield
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(5)
-        _sh("ip", "link", "del", veth, check=False)
-        _sh("ip", "netns", "del", ns, check=False)
 
 
 def test_allow_out_wins_over_an_overlapping_deny_out(two_sites):
@@ -229,10 +193,10 @@ def test_allow_out_wins_over_an_overlapping_deny_out(two_sites):
         def fetch(addr: str) -> str:
             return box.commands.run(f"curl -s -m 5 http://{addr}/ || echo blocked").stdout
 
-        assert fetch(WEB_A) == "site\n"
+        assert fetch(WEB_A) == "site-A\n"
         assert fetch(WEB_B) == "blocked\n"
         box.update_network({"allow_out": [WEB_A, WEB_B], "deny_out": [f"{WEB_B}/32"]})
-        assert fetch(WEB_B) == "site\n"  # the very address in both: allowed
+        assert fetch(WEB_B) == "site-B\n"  # the very address in both: allowed
     finally:
         box.kill()
 

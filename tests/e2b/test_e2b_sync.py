@@ -29,13 +29,7 @@ from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 import harness as conftest  # tests/conftest.py is not importable by name (tests/unit has one)
-
-
-def eventually(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
+from harness import eventually
 
 
 def e2b_opts(server) -> dict:

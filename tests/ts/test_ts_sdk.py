@@ -95,28 +95,18 @@ def test_example(built: Path, server, oci_images, script: Path) -> None:
     assert _listed(server) == before, "the example left sandboxes or snapshots"
 
 
-def test_e2b_js_package(server) -> None:
+@pytest.mark.parametrize("suite", ["e2b.test.mjs", "e2b-as-e2b.test.mjs"])
+def test_e2b_js_package(server, suite: str) -> None:
     """The unmodified `e2b` npm package, pointed at sandlot by E2B_API_URL, E2B_SANDBOX_URL
-    and E2B_API_KEY only."""
+    and E2B_API_KEY only: its use (e2b.test.mjs), and what E2B clients rely on
+    (e2b-as-e2b.test.mjs: listing order and pages, removing a missing path, symlinks,
+    recursive watches, snapshot names, the default pause, a command stream cut by a kill)."""
     if not (E2B_JS / "node_modules" / "e2b").is_dir():
         pytest.fail("tests/ts/e2b-js/node_modules is missing: run `make setup`")
     before = _listed(server)
     env = _node_env(E2B_API_URL=f"{server.url}/e2b", E2B_SANDBOX_URL=f"{server.url}/e2b/envd",
                     E2B_API_KEY=server.key)
-    _node_test(["e2b.test.mjs"], E2B_JS, env)
-    assert _listed(server)[0] == before[0], "the e2b tests left sandboxes"
-
-
-def test_e2b_js_sees_e2b_behaviour(server) -> None:
-    """The e2b npm package on what E2B clients rely on (tests/ts/e2b-js/e2b-as-e2b.test.mjs):
-    listing order and pages, removing a missing path, symlinks, recursive watches, snapshot
-    names, the default pause, a command stream cut by a kill."""
-    if not (E2B_JS / "node_modules" / "e2b").is_dir():
-        pytest.fail("tests/ts/e2b-js/node_modules is missing: run `make setup`")
-    before = _listed(server)
-    env = _node_env(E2B_API_URL=f"{server.url}/e2b", E2B_SANDBOX_URL=f"{server.url}/e2b/envd",
-                    E2B_API_KEY=server.key)
-    _node_test(["e2b-as-e2b.test.mjs"], E2B_JS, env)
+    _node_test([suite], E2B_JS, env)
     assert _listed(server)[0] == before[0], "the e2b tests left sandboxes"
 
 

@@ -13,7 +13,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import httpx
 import pytest
 from snapkit import wait_for
 
-from harness import cleanup, make_server, qemu_pids
+from harness import cleanup, make_server, own_internet, qemu_pids, sh
 from sandlot import Sandbox, Sandlot
 from sandlot.testing import unused_subnet
 
@@ -35,52 +34,12 @@ HOST_IP, WEB_A, WEB_B = (str(WEB[i]) for i in (1, 2, 3))
 pytestmark = pytest.mark.timeout(600)
 
 
-def sh(*argv: str, check: bool = True) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-    if check and proc.returncode:
-        raise RuntimeError(f"{argv}: {proc.stderr}")
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def web(tmp_path_factory):
     """The test's own internet: two web servers and a DNS server in a namespace."""
-    root = tmp_path_factory.mktemp("web")
-    procs: list[subprocess.Popen] = []
-    sh("ip", "netns", "add", WEB_NS)
-    try:
-        sh("ip", "link", "add", WEB_VETH, "type", "veth", "peer", "name", "eth0", "netns", WEB_NS)
-        sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", WEB_VETH)
-        sh("ip", "link", "set", WEB_VETH, "up")
-        for args in (["addr", "add", f"{WEB_A}/24", "dev", "eth0"],
-                     ["addr", "add", f"{WEB_B}/24", "dev", "eth0"],
-                     ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
-            sh("ip", "-n", WEB_NS, *args)
-        for name, addr in (("A", WEB_A), ("B", WEB_B)):
-            (root / name).mkdir()
-            (root / name / "index.html").write_text(f"site-{name}\n")
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", WEB_NS, "python3", "-m", "http.server", "80", "--bind",
-                 addr, "--directory", str(root / name)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", WEB_NS, "dnsmasq", "--no-daemon", "--conf-file=/dev/null",
-             "--no-resolv", "--no-hosts", "--bind-interfaces", f"--listen-address={WEB_A}",
-             f"--address=/svc-b.test/{WEB_B}", "--pid-file=", "--user=root"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            listening = sh("ip", "netns", "exec", WEB_NS, "ss", "-lntu", "-H")
-            if all(f"{a}:80 " in listening for a in (WEB_A, WEB_B)) and f"{WEB_A}:53 " in listening:
-                break
-            time.sleep(0.1)
+    with own_internet(tmp_path_factory.mktemp("web"), WEB_NS, WEB_VETH, WEB,
+                       dns_name="svc-b.test"):
         yield
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(5)
-        sh("ip", "link", "del", WEB_VETH, check=False)
-        sh("ip", "netns", "del", WEB_NS, check=False)
 
 
 @pytest.fixture(scope="module")
