@@ -91,3 +91,27 @@ def test_inspect_eval_cli_finds_the_provider(server, tmp_path):
         [str(Path(sys.executable).parent / "inspect"), "sandbox", "cleanup", "sandlot"],
         capture_output=True, text=True, timeout=300)
     assert cleanup.returncode == 0 and "sandlot: killed" in cleanup.stdout, cleanup.stderr
+
+
+def test_without_a_snapshot_every_sample_runs_the_setup(server, tmp_path):
+    """`snapshot=False`: no task snapshot; each sample's sandbox is created and set up on its
+    own (two samples see two different setups' results)."""
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.solver import solver
+    from inspect_ai.util import sandbox
+
+    @solver
+    def read_setup():
+        async def solve(state, generate_):
+            state.output.completion = (await sandbox().read_file("/opt/warm/id")).strip()
+            return state
+        return solve
+
+    setup = "mkdir -p /opt/warm && cat /proc/sys/kernel/random/uuid > /opt/warm/id"
+    task = Task(dataset=[Sample(input="one"), Sample(input="two")], solver=read_setup(),
+                sandbox=("sandlot", SandlotConfig(setup=setup, snapshot=False, timeout=600)))
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    ids = {s.output.completion for s in log.samples}
+    assert len(ids) == 2 and all(len(i) == 36 for i in ids), ids

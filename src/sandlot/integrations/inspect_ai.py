@@ -171,8 +171,11 @@ async def _prepare(task_name: str, cfg: SandlotConfig) -> _Prepared:
     async with lock:
         if key in _TASKS:
             return _TASKS[key]
+        # without a snapshot every sample runs the setup itself: this sandbox only finds the
+        # workdir and user
+        probe_cfg = cfg if cfg.snapshot else cfg.model_copy(update={"setup": None})
         async with AsyncSandlot(cfg.api_url) as client:
-            sbx, workdir, user = await _create(client, cfg, task_name, "setup",
+            sbx, workdir, user = await _create(client, probe_cfg, task_name, "setup",
                                                cfg.setup_timeout + 600)
             try:
                 snapshot_id = None
