@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.integrations.inspect_ai import SandlotConfig
+from sandlot import Sandlot
+from sandlot.integrations.inspect_ai import TAG, SandlotConfig
 
 pytestmark = pytest.mark.vm
 # The task's setup: a file every sample must see.
@@ -36,13 +37,24 @@ def test_eval_with_the_mock_model(server, tmp_path):
             return state
         return solve
 
+    with Sandlot(**server.client_kwargs()) as client:
+        seen_setups = {s.sandbox_id for s in client.sandboxes.list({TAG: "setup"},
+                                                                   include_stopped=True)}
     task = Task(dataset=[Sample(input="one", target="one-ready"),
                          Sample(input="two", target="two-ready")],
                 solver=read_marker(), scorer=includes(),
                 sandbox=("sandlot", SandlotConfig(setup=SETUP, timeout=600)))
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
-    assert log.status == "success", log.error
-    assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
+    with Sandlot(**server.client_kwargs()) as client:
+        before = {s.snapshot_id for s in client.snapshots.list()}
+        [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+        assert log.status == "success", log.error
+        assert [s.scores["includes"].value for s in log.samples] == ["C", "C"]
+        # Inspect's task_init ("startup") made the one task snapshot both samples restored, and
+        # its task_cleanup ("shutdown") deleted it
+        setups = client.sandboxes.list({TAG: "setup"}, include_stopped=True)
+        assert len([s for s in setups if s.sandbox_id not in seen_setups]) == 1
+        left = [s for s in client.snapshots.list() if s.snapshot_id not in before]
+        assert left == [], left
 
 
 CLI_TASK = """

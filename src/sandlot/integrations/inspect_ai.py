@@ -119,24 +119,31 @@ class _Prepared:
     user: str
 
 
+# Prepared environments by config: Inspect calls `task_init("startup", config)` and
+# `task_cleanup("shutdown", config)`, and `sample_init` with the task's own name, so only the
+# config names an environment (tasks with one config share it).
 _TASKS: dict[str, _Prepared] = {}
 _LOCKS: dict[str, asyncio.Lock] = {}
 
 
-def _task_key(task_name: str, cfg: SandlotConfig) -> str:
-    return task_name + "\0" + cfg.model_dump_json()
+def _task_key(cfg: SandlotConfig) -> str:
+    return cfg.model_dump_json()
 
 
-def _tags(task_name: str, role: str) -> dict[str, str]:
-    return {TAG: role, "inspect_task": task_name[:200]}
+def _tags(task_name: str | None, role: str) -> dict[str, str]:
+    tags = {TAG: role}
+    if task_name:
+        tags["inspect_task"] = task_name[:200]
+    return tags
 
 
-def _snapshot_name(task_name: str) -> str:
-    slug = re.sub(r"[^a-z0-9._-]+", "-", task_name.lower()).strip("-._")[:40]
+def _snapshot_name(cfg: SandlotConfig) -> str:
+    source = cfg.image or cfg.template
+    slug = re.sub(r"[^a-z0-9._-]+", "-", source.lower()).strip("-._")[:40]
     return f"{SNAPSHOT_PREFIX}{slug or 'task'}-{secrets.token_hex(4)}"
 
 
-async def _create(client: AsyncSandlot, cfg: SandlotConfig, task_name: str, role: str,
+async def _create(client: AsyncSandlot, cfg: SandlotConfig, task_name: str | None, role: str,
                   timeout: int) -> tuple[AsyncSandbox, str, str]:
     """A sandbox from the config's template or image, set up: (sandbox, workdir, user)."""
     sbx = await client.sandboxes.create(
@@ -164,9 +171,9 @@ async def _create(client: AsyncSandlot, cfg: SandlotConfig, task_name: str, role
     return sbx, workdir, user
 
 
-async def _prepare(task_name: str, cfg: SandlotConfig) -> _Prepared:
-    """The task's environment, made once per task and config."""
-    key = _task_key(task_name, cfg)
+async def _prepare(cfg: SandlotConfig) -> _Prepared:
+    """The config's environment, made once (by `task_init`, or the first sample's init)."""
+    key = _task_key(cfg)
     lock = _LOCKS.setdefault(key, asyncio.Lock())
     async with lock:
         if key in _TASKS:
@@ -175,12 +182,12 @@ async def _prepare(task_name: str, cfg: SandlotConfig) -> _Prepared:
         # workdir and user
         probe_cfg = cfg if cfg.snapshot else cfg.model_copy(update={"setup": None})
         async with AsyncSandlot(cfg.api_url) as client:
-            sbx, workdir, user = await _create(client, probe_cfg, task_name, "setup",
+            sbx, workdir, user = await _create(client, probe_cfg, None, "setup",
                                                cfg.setup_timeout + 600)
             try:
                 snapshot_id = None
                 if cfg.snapshot:
-                    snap = await sbx.create_snapshot(_snapshot_name(task_name))
+                    snap = await sbx.create_snapshot(_snapshot_name(cfg))
                     await snap.wait(timeout=900)
                     snapshot_id = snap.snapshot_id
             finally:
@@ -264,13 +271,13 @@ class SandlotSandboxEnvironment(SandboxEnvironment):
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None
                         ) -> None:
-        await _prepare(task_name, load_config(config))
+        await _prepare(load_config(config))
 
     @classmethod
     async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
                           metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
         cfg = load_config(config)
-        prepared = await _prepare(task_name, cfg)
+        prepared = await _prepare(cfg)
         client = AsyncSandlot(cfg.api_url)
         try:
             if prepared.snapshot_id is not None:
@@ -296,8 +303,8 @@ class SandlotSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
                            cleanup: bool) -> None:
         cfg = load_config(config)
-        prepared = _TASKS.pop(_task_key(task_name, cfg), None)
-        _LOCKS.pop(_task_key(task_name, cfg), None)
+        prepared = _TASKS.pop(_task_key(cfg), None)
+        _LOCKS.pop(_task_key(cfg), None)
         if cleanup and prepared is not None and prepared.snapshot_id is not None:
             async with AsyncSandlot(cfg.api_url) as client:
                 await client.snapshots.delete(prepared.snapshot_id)
