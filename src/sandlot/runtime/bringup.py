@@ -54,6 +54,16 @@ def _build_dirs(build: Path, disk: Path) -> tuple[Path, ...]:
     return tuple(sorted(dirs))
 
 
+def _on_network(spec: MachineSpec, net, jail: Jail | None) -> MachineSpec:
+    """`spec` with the VM's network device, QEMU started in its namespace (None: none)."""
+    if net is None:
+        return spec
+    spec = spec.with_(netdev=net.qemu_netdev()[-1])
+    if jail is not None:
+        return spec.with_(jail=replace(jail, netns=net.namespace))
+    return spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
+
+
 class BringUp(Part):
     """Makes running VMs: restores, boots, pooled VMs' claims, cold boots."""
 
@@ -165,12 +175,7 @@ class BringUp(Part):
                     cpu_model=self.cpu.model,
                     ram_path=hot["ram"], ram_share=False,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
-                if net is not None:
-                    spec = spec.with_(netdev=net.qemu_netdev()[-1])
-                    if jail is not None:
-                        spec = spec.with_(jail=replace(jail, netns=net.namespace))
-                    else:
-                        spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
+                spec = _on_network(spec, net, jail)
                 extra_mb = plan.memory_mb - image.machine.memory_mb
                 configure = Configure(env=plan.env, generation=plan.generation,
                                       cpus=plan.cpus if plan.cpus != image.machine.cpus else None,
@@ -257,12 +262,7 @@ class BringUp(Part):
                     disk=disks.top, machine_type=qemu_info().default_q35,
                     base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel,
                     cpu_model=self.cpu.model, jail=jail)
-                if net is not None:
-                    spec = spec.with_(netdev=net.qemu_netdev()[-1])
-                    if jail is not None:
-                        spec = spec.with_(jail=replace(jail, netns=net.namespace))
-                    else:
-                        spec = spec.with_(exec_prefix=tuple(net.netns_exec_prefix()))
+                spec = _on_network(spec, net, jail)
                 machine = await Machine.launch(spec)
             try:
                 agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)

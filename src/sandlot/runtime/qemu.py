@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 
 from sandlot.config import Settings
-from sandlot.errors import InvalidArgumentError
+from sandlot.errors import InvalidArgumentError, InvalidStateError
 from sandlot.runtime.base import (
     Captured,
     Image,
@@ -39,10 +39,10 @@ from sandlot.runtime.qemu_vm import QemuVm
 from sandlot.runtime.recovery import Recovery
 from sandlot.runtime.storefront import StoreFront
 from sandlot.runtime.usage import vm_usage
-from sandlot.vmm.cpu import HostCpu
+from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.machine import DEVICE_MODEL
 from sandlot.vmm.network import NetworkPolicy
-from sandlot.vmm.qemu import QemuInfo, qemu_info
+from sandlot.vmm.qemu import qemu_info
 
 MAX_ADVERTISED_KEYS = 256  # cached image keys a heartbeat names (placement prefers them)
 
@@ -70,11 +70,10 @@ class QemuRuntime(Runtime):
 
     # ---- checks ---------------------------------------------------------------------------
 
-    def host_machine(self) -> tuple[QemuInfo, str]:
-        return qemu_info(), DEVICE_MODEL
-
-    def host_cpu(self) -> HostCpu:
-        return self.host.cpu
+    def check_loadable(self, machine: MachineDescription) -> None:
+        problems = machine.problems(qemu_info(), DEVICE_MODEL, self.accel, self.host.cpu)
+        if problems:
+            raise InvalidStateError("; ".join(problems))
 
     # ---- bring-up -------------------------------------------------------------------------
 
