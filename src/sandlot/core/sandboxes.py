@@ -201,7 +201,8 @@ class SandboxManager:
             return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base", who)
         if source.template in self.settings.pool_templates:
-            self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
+            # a rebuild retargets it
+            self.runtime.keep_warm({source.template: source.image}, new_sandbox_id)
         return source
 
     async def create(self, req: CreateSandbox, forked_from: str | None = None, *,

@@ -23,7 +23,7 @@ from sandlot.core.hosts import Hosts
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.placement import Peers, Placement
-from sandlot.core.sandboxes import SandboxManager, policy_of
+from sandlot.core.sandboxes import SandboxManager, new_sandbox_id, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore, image_of
 from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
@@ -85,7 +85,7 @@ class Core:
                 warm[name] = (await self.templates.source(name, SYSTEM)).image
             except SandlotError as e:
                 log.warning("warm pool: template %r: %s", name, e.message)
-        self.runtime.keep_warm(warm)
+        self.runtime.keep_warm(warm, new_sandbox_id)
         self._background = [asyncio.create_task(self._import_templates()),
                             asyncio.create_task(self._gc_loop())]
         await self.runtime.start()

@@ -276,8 +276,10 @@ class Runtime(abc.ABC):
         storage/gc.py). Stats."""
         return {}
 
-    def keep_warm(self, images: dict[str, Image]) -> None:  # noqa: B027 - optional
-        """Keep VMs of these images (by name) restored ahead of demand."""
+    def keep_warm(self, images: dict[str, Image],  # noqa: B027 - optional
+                  new_id: Callable[[], str]) -> None:
+        """Keep VMs of these images (by name) restored ahead of demand, each under an id
+        `new_id` gives (core's: a claimed VM is the sandbox of that id)."""
 
     def pool_stats(self) -> dict[str, dict]:
         return {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -103,8 +102,8 @@ class BringUp(Part):
             return None  # e.g. its VM died while pooled: the caller restores one
         return vm
 
-    async def make_pooled(self, image: Image) -> Vm:
-        vm_id = "sb-" + secrets.token_hex(5)
+    async def make_pooled(self, image: Image, vm_id: str) -> Vm:
+        """A VM for the warm pool, restored from `image` and warmed up."""
         plan = MachinePlan(cpus=image.machine.cpus, memory_mb=image.machine.memory_mb,
                            generation="pool", network=NetworkPolicy())
         vm = await self.restore(image, plan, vm_id)

@@ -65,7 +65,8 @@ class QemuRuntime(Runtime):
         self.captures = Capturer(host, self.bringup, kill)
         self.storefront = StoreFront(host, self.captures)
         self.recovery = Recovery(host, self.captures, kill)
-        self.pool = WarmPool(make=self.bringup.make_pooled, discard=self.kill,
+        self._new_id: Callable[[], str] | None = None  # core's, given with the images to pool
+        self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
 
     # ---- checks ---------------------------------------------------------------------------
@@ -85,6 +86,10 @@ class QemuRuntime(Runtime):
             return None
         assert isinstance(vm, QemuVm)
         return await self.bringup.claim(vm, plan)
+
+    async def _make_pooled(self, image: Image) -> Vm:
+        assert self._new_id is not None  # the pool makes only what keep_warm named
+        return await self.bringup.make_pooled(image, self._new_id())
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
                       boot: bool = False) -> Vm:
@@ -176,7 +181,8 @@ class QemuRuntime(Runtime):
                       keep_images: set[str]) -> dict[str, Vm]:
         return await self.recovery.recover(expected, keep_images)
 
-    def keep_warm(self, images: dict[str, Image]) -> None:
+    def keep_warm(self, images: dict[str, Image], new_id: Callable[[], str]) -> None:
+        self._new_id = new_id
         if self.pool is not None:
             self.pool.keep(images)
 
