@@ -265,7 +265,7 @@ async def main() -> None:
     settings = Settings.from_env(root / "data")
     settings.ensure()
     instrument()
-    runtime = rt_qemu.QemuRuntime(settings, Networking.from_env())
+    runtime = rt_qemu.QemuRuntime(settings, Networking.from_settings(settings))
     info = TemplateStore(settings).get(args.template)
     image = image_of(info)
     if args.build:

@@ -49,8 +49,8 @@ class QemuHost:
 
     def __init__(self, settings: Settings, network: Networking | None = None) -> None:
         self.settings = settings
-        self.accel = settings.accel
-        self.cpu = HostCpu.detect(settings.accel, settings.cpu_model)
+        self.accel = settings.accelerator
+        self.cpu = HostCpu.detect(self.accel, settings.cpu_model)
         self.network = network
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())
