@@ -20,10 +20,11 @@ from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
 from sandlot.core.files import Files
 from sandlot.core.hosts import Hosts
+from sandlot.core.ids import new_sandbox_id
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.placement import Peers, Placement
-from sandlot.core.sandboxes import SandboxManager, new_sandbox_id, policy_of
+from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore, image_of
 from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
