@@ -119,7 +119,7 @@ async def _cold_boot_once(ctx: Ctx, i: int) -> float:
                         run_root=ctx.server.run_root, shm_root=ctx.server.shm_root, pool_size=0)
     runtime = QemuRuntime(settings)
     t0 = time.monotonic()
-    vm = await runtime.cold_boot(info["hash"], MachinePlan(cpus=info["cpus"],
+    vm = await runtime.bringup.cold_boot(info["hash"], MachinePlan(cpus=info["cpus"],
                                  memory_mb=info["memory_mb"]), f"cold{i}")
     boot_ms = (time.monotonic() - t0) * 1000
     await runtime.kill(vm)

@@ -45,6 +45,7 @@ from _procmem import qemu_memory  # noqa: E402
 from sandlot.config import Settings  # noqa: E402
 from sandlot.core.templates import TemplateStore, image_of  # noqa: E402
 from sandlot.guest import client as guest_client  # noqa: E402
+from sandlot.runtime import bringup as rt_bringup  # noqa: E402
 from sandlot.runtime import qemu as rt_qemu  # noqa: E402
 from sandlot.runtime.base import MachinePlan  # noqa: E402
 from sandlot.runtime.network import Networking  # noqa: E402
@@ -110,7 +111,7 @@ def timed(obj, attr: str, name: str | None = None) -> None:
 
 
 def instrument() -> None:
-    timed(rt_qemu.QemuRuntime, "_hot", "lease")
+    timed(rt_bringup.BringUp, "_hot", "lease")
     timed(vmm_jail.Jails, "make", "jail")
     timed(vmm_disk.DiskChain, "create", "disk")
     timed(Networking, "attach", "net")
@@ -264,7 +265,7 @@ async def main() -> None:
     settings = Settings.from_env(root / "data")
     settings.ensure()
     instrument()
-    runtime = rt_qemu.QemuRuntime(settings, Networking.from_env())
+    runtime = rt_qemu.QemuRuntime(settings, Networking.from_settings(settings))
     info = TemplateStore(settings).get(args.template)
     image = image_of(info)
     if args.build:

@@ -32,10 +32,12 @@ and disk use (default 5; an hour of them is kept).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.errors import InvalidArgumentError
 from sandlot.vmm.accel import detect_accel
 
 DEFAULT_DATA_DIR = Path("/var/lib/sandlot")
@@ -58,6 +60,18 @@ def _int_env(name: str, default: int) -> int:
         return max(0, int(os.environ.get(name, default)))
     except ValueError:
         return default
+
+
+def _accel_env() -> str | None:
+    """SANDLOT_ACCEL (kvm|tcg), or None: this host's best."""
+    forced = os.environ.get("SANDLOT_ACCEL", "").strip().lower()
+    if forced and forced not in ("kvm", "tcg"):
+        raise InvalidArgumentError(f"SANDLOT_ACCEL must be kvm or tcg, not {forced!r}")
+    return forced or None
+
+
+def _off(name: str, default: str = "on") -> bool:
+    return os.environ.get(name, default).lower() in ("0", "off", "false", "no")
 
 
 def _float_env(name: str, default: float) -> float:
@@ -111,7 +125,7 @@ class Settings:
     store: str | None = None  # s3://BUCKET/PREFIX or a directory; default <data_dir>/store
     run_root: Path = Path("/run/sandlot")
     shm_root: Path = Path("/dev/shm/sandlot")
-    accel: str = field(default_factory=detect_accel)
+    accel: str | None = None  # SANDLOT_ACCEL: kvm|tcg; None: `accelerator` probes the host
     cpu_model: str | None = None  # SANDLOT_CPU_MODEL: the guests' CPU model (vmm/cpu.py)
     default_timeout: int = 300
     max_timeout: int = 24 * 3600
@@ -143,6 +157,19 @@ class Settings:
     # SANDLOT_E2B_DOMAIN: E2B's sandbox domain; `<port>-<sandbox id>.<domain>` reaches that
     # port of the sandbox (server/ports.py). None: no such names are served.
     e2b_domain: str | None = None
+    # sandbox networking (runtime/network.py): SANDLOT_NETWORK (off: QEMU's user network, no
+    # outbound access), SANDLOT_DNS (upstream resolvers; (): the host's), SANDLOT_NET_POOL
+    network: bool = True
+    dns_servers: tuple[str, ...] = ()
+    net_pool: str = "10.200.0.0/16"
+    api_key: str | None = None  # SANDLOT_API_KEY: an admin key the server adds at its start
+    log_level: str = "INFO"  # SANDLOT_LOG
+
+    @functools.cached_property
+    def accelerator(self) -> str:
+        """`kvm` or `tcg`: `accel`, or SANDLOT_ACCEL, or what this host can run (probed
+        once, when first asked: building Settings probes nothing)."""
+        return self.accel or _accel_env() or detect_accel()
 
     @classmethod
     def from_env(cls, data_dir: Path | str | None = None) -> Settings:
@@ -162,8 +189,7 @@ class Settings:
                    gc_grace=float(_int_env("SANDLOT_GC_GRACE", 3600)),
                    gc_interval=float(_int_env("SANDLOT_GC_INTERVAL", 600)) or 600.0,
                    instance=tag,
-                   confine=os.environ.get("SANDLOT_CONFINE", "on").lower()
-                   not in ("0", "off", "false", "no"),
+                   confine=not _off("SANDLOT_CONFINE"),
                    command_grace=float(_int_env("SANDLOT_COMMAND_GRACE", 5)) or 5.0,
                    stream_keepalive=float(_int_env("SANDLOT_STREAM_KEEPALIVE", 30)) or 30.0,
                    reserve_mem_mb=_int_env("SANDLOT_RESERVE_MEM_MB",
@@ -180,7 +206,15 @@ class Settings:
                    host_timeout=_float_env("SANDLOT_HOST_TIMEOUT", 6.0),
                    metrics_interval=_float_env("SANDLOT_METRICS_INTERVAL", 5.0),
                    e2b_domain=(os.environ.get("SANDLOT_E2B_DOMAIN") or "").strip(". ").lower()
-                   or None)
+                   or None,
+                   accel=_accel_env(),
+                   network=os.environ.get("SANDLOT_NETWORK", "on").lower()
+                   not in ("off", "0", "no"),
+                   dns_servers=tuple(s.strip() for s in os.environ.get("SANDLOT_DNS", "")
+                                     .split(",") if s.strip()),
+                   net_pool=os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16"),
+                   api_key=os.environ.get("SANDLOT_API_KEY") or None,
+                   log_level=os.environ.get("SANDLOT_LOG", "INFO"))
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -99,3 +99,19 @@ def test_records_before_cpu_models_load_as_the_accelerators_default() -> None:
     again = MachineDescription.from_dict(machine("kvm", cpu_model="host",
                                                  cpu_features=("avx",)).to_dict())
     assert again.cpu_features == ("avx",)
+
+
+def test_settings_probe_the_accelerator_only_when_asked(monkeypatch) -> None:
+    from sandlot import config
+
+    probes = []
+    monkeypatch.setattr(config, "detect_accel", lambda: probes.append(1) or "tcg")
+    monkeypatch.delenv("SANDLOT_ACCEL", raising=False)
+    settings = config.Settings.from_env()
+    assert config.Settings().accel is None and settings.accel is None and probes == []
+    assert settings.accelerator == "tcg" and settings.accelerator == "tcg" and probes == [1]
+    monkeypatch.setenv("SANDLOT_ACCEL", "kvm")
+    assert config.Settings.from_env().accelerator == "kvm" and probes == [1]
+    monkeypatch.setenv("SANDLOT_ACCEL", "xen")
+    with pytest.raises(InvalidArgumentError, match="SANDLOT_ACCEL must be kvm or tcg"):
+        config.Settings.from_env()

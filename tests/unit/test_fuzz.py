@@ -58,10 +58,9 @@ class Tracebacks(logging.Handler):
 def http_server(tmp_path, monkeypatch):
     """The app on the fake runtime behind uvicorn on a loopback port, in a thread."""
     key = "sl_fuzz_key"
-    monkeypatch.setenv("SANDLOT_API_KEY", key)
     monkeypatch.setenv(egress.ALLOW_ENV, "registry.invalid")  # no pull reaches the network
     runtime = FakeRuntime()
-    settings = fake_settings(tmp_path / "srv")
+    settings = fake_settings(tmp_path / "srv", api_key=key)  # an admin key the server adds
     install_fake_template(settings, runtime)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings, runtime=runtime),

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from sandlot.config import Settings
 from sandlot.core.db import MetadataStore
+from sandlot.core.ids import new_generation, new_sandbox_id
 from sandlot.core.limits import check_disk, check_egress, check_env, check_metadata
 from sandlot.core.live import KeyStreams, LiveSandbox
 from sandlot.core.models import (
@@ -51,14 +52,6 @@ PAUSE_READY_WAIT = 600.0
 ENDED_KEPT = 4096
 # what a listing shows unless asked for other states
 LISTED = (SandboxState.STARTING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.LOST)
-
-
-def new_sandbox_id() -> str:
-    return "sb-" + secrets.token_hex(5)
-
-
-def new_generation() -> str:
-    return "g-" + secrets.token_hex(6)
 
 
 def policy_of(rec: SandboxRecord) -> NetworkPolicy:
@@ -201,7 +194,8 @@ class SandboxManager:
             return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base", who)
         if source.template in self.settings.pool_templates:
-            self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
+            # a rebuild retargets it
+            self.runtime.keep_warm({source.template: source.image}, new_sandbox_id)
         return source
 
     async def create(self, req: CreateSandbox, forked_from: str | None = None, *,

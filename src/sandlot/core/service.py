@@ -20,6 +20,7 @@ from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
 from sandlot.core.files import Files
 from sandlot.core.hosts import Hosts
+from sandlot.core.ids import new_sandbox_id
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.placement import Peers, Placement
@@ -85,7 +86,7 @@ class Core:
                 warm[name] = (await self.templates.source(name, SYSTEM)).image
             except SandlotError as e:
                 log.warning("warm pool: template %r: %s", name, e.message)
-        self.runtime.keep_warm(warm)
+        self.runtime.keep_warm(warm, new_sandbox_id)
         self._background = [asyncio.create_task(self._import_templates()),
                             asyncio.create_task(self._gc_loop())]
         await self.runtime.start()

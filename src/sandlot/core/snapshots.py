@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sandlot.core.db import MetadataStore, NameTaken, scoped_name
+from sandlot.core.ids import SANDBOX_ID_RE, is_snapshot_id, new_snapshot_id
 from sandlot.core.live import LiveSandbox
 from sandlot.core.models import (
     SnapshotKind,
@@ -48,21 +47,7 @@ log = logging.getLogger(__name__)
 TERMINAL = (SnapshotState.READY, SnapshotState.FAILED, SnapshotState.DELETED)
 
 
-SNAPSHOT_ID_RE = re.compile(r"snap-[0-9a-f]{10}")  # what new_snapshot_id makes
 MAX_NAME = 127  # a snapshot name: name[:tag], 63 characters each
-
-
-def new_snapshot_id() -> str:
-    return "snap-" + secrets.token_hex(5)
-
-
-# Why: a name may start with 'snap-' (E2B accepts any), so only the exact shape of an id
-# (and of a sandbox's) is one; a name of that shape is refused, so each string is one or other.
-SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{10}$")
-
-
-def is_snapshot_id(text: str) -> bool:
-    return SNAPSHOT_ID_RE.fullmatch(text) is not None
 
 
 def could_name(id_or_name: str) -> bool:

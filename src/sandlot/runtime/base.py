@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sandlot.errors import InvalidStateError
 from sandlot.guest.client import (
     Configure,
     ExecEvent,
@@ -27,11 +26,9 @@ from sandlot.guest.client import (
 )
 from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
-from sandlot.vmm.cpu import HostCpu, choose_model
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.jail import QEMU_OVERHEAD_MB
 from sandlot.vmm.network import NetworkPolicy
-from sandlot.vmm.qemu import QemuInfo
 
 # What a VM costs its host beyond its guest RAM (placement ranks hosts by it).
 VM_OVERHEAD_MB = QEMU_OVERHEAD_MB
@@ -173,21 +170,10 @@ class Vm(abc.ABC):
 class Runtime(abc.ABC):
     """See the module docstring. Every VM a runtime hands out is killed by `kill`."""
 
-    accel: str = "tcg"
-
     @abc.abstractmethod
-    def host_machine(self) -> tuple[QemuInfo, str]:
-        """This host's QEMU and the device model its VMs have."""
-
-    def host_cpu(self) -> HostCpu:
-        """The CPU this host's guests get (vmm/cpu.py)."""
-        return HostCpu(choose_model(self.accel, None))
-
     def check_loadable(self, machine: MachineDescription) -> None:
-        """Raise InvalidStateError saying why this host cannot restore such an image."""
-        problems = machine.problems(*self.host_machine(), self.accel, self.host_cpu())
-        if problems:
-            raise InvalidStateError("; ".join(problems))
+        """Raise InvalidStateError saying why this host cannot restore such an image (its
+        QEMU, device model, accelerator or CPU)."""
 
     def check_plan(self, image: Image, plan: MachinePlan, boot: bool = False) -> None:
         """Raise InvalidArgumentError if `plan` cannot be made of `image` (memory, CPUs)."""
@@ -290,8 +276,10 @@ class Runtime(abc.ABC):
         storage/gc.py). Stats."""
         return {}
 
-    def keep_warm(self, images: dict[str, Image]) -> None:  # noqa: B027 - optional
-        """Keep VMs of these images (by name) restored ahead of demand."""
+    def keep_warm(self, images: dict[str, Image],  # noqa: B027 - optional
+                  new_id: Callable[[], str]) -> None:
+        """Keep VMs of these images (by name) restored ahead of demand, each under an id
+        `new_id` gives (core's: a claimed VM is the sandbox of that id)."""
 
     def pool_stats(self) -> dict[str, dict]:
         return {}

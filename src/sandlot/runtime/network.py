@@ -1,7 +1,8 @@
 """Sandbox networking for the runtime: a namespace per VM (vmm.network), async.
 
 Off when ``SANDLOT_NETWORK=off`` (sandboxes then get QEMU's restricted user network: no
-outbound access at all). ``SANDLOT_DNS`` (comma-separated) overrides the upstream resolvers.
+outbound access at all). ``SANDLOT_DNS`` (comma-separated) overrides the upstream resolvers
+(config.Settings reads both).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 
+from sandlot.config import Settings
 from sandlot.errors import InvalidArgumentError
 from sandlot.vmm.network import NetworkManager, NetworkPolicy, PendingNetwork, SandboxNetwork
 
@@ -31,16 +33,15 @@ class Networking:
         self.manager = manager
 
     @classmethod
-    def from_env(cls) -> Networking | None:
-        if os.environ.get("SANDLOT_NETWORK", "on").lower() in ("off", "0", "no"):
+    def from_settings(cls, settings: Settings) -> Networking | None:
+        """The host's sandbox networking as `settings` say; None when off (or not root)."""
+        if not settings.network:
             return None
         if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
             log.warning("sandbox networking is off: it needs root, nft and ip")
             return None
-        dns = [s.strip() for s in os.environ.get("SANDLOT_DNS", "").split(",") if s.strip()]
-        pool = os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16")
-        owner = network_owner(os.environ.get("SANDLOT_INSTANCE", ""))
-        return cls(NetworkManager(dns_servers=dns or None, pool=pool, owner=owner))
+        return cls(NetworkManager(dns_servers=list(settings.dns_servers) or None,
+                                  pool=settings.net_pool, owner=network_owner(settings.instance)))
 
     async def attach(self, vm_id: str, policy: NetworkPolicy,
                      tap_owner: int | None = None) -> SandboxNetwork:

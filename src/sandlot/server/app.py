@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import socket
 from pathlib import Path
 
@@ -43,7 +42,7 @@ def default_runtime(settings: Settings) -> Runtime:
     from sandlot.runtime.network import Networking
     from sandlot.runtime.qemu import QemuRuntime
 
-    return QemuRuntime(settings, Networking.from_env())
+    return QemuRuntime(settings, Networking.from_settings(settings))
 
 
 def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None,
@@ -57,9 +56,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         peers = Peers(settings.stable_host_id())
         core = Core(settings, runtime or default_runtime(settings), peers)
         await core.start(settings.advertise_url or "")
-        preset = os.environ.get("SANDLOT_API_KEY")
-        if preset:
-            await core.add_admin_key(preset)
+        if settings.api_key:
+            await core.add_admin_key(settings.api_key)
         peers.token = await core.deployment_secret(PEER_SECRET)
         app.state.peers = peers
         await start_e2b_state(app.state, core)
@@ -124,11 +122,11 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
     """Serve until interrupted. Sandboxes outlive a server restart and are re-adopted."""
     import uvicorn
 
-    logging.basicConfig(level=os.environ.get("SANDLOT_LOG", "INFO"),
+    settings = Settings.from_env(data_dir)
+    logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
     logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every forwarded request
-    settings = Settings.from_env(data_dir)
     if not settings.advertise_url:
         name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         settings = dataclasses.replace(settings, advertise_url=f"http://{name}:{port}")

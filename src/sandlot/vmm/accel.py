@@ -5,16 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sandlot.errors import InvalidArgumentError
-
 
 def detect_accel() -> str:
-    """`kvm` or `tcg`. `SANDLOT_ACCEL=kvm|tcg` forces one."""
-    forced = os.environ.get("SANDLOT_ACCEL", "").strip().lower()
-    if forced:
-        if forced not in ("kvm", "tcg"):
-            raise InvalidArgumentError(f"SANDLOT_ACCEL must be kvm or tcg, not {forced!r}")
-        return forced
+    """`kvm` or `tcg`, as this host can run (config.Settings.accelerator: unless set)."""
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
     if Path("/sys/module/kvm_pvm").exists():

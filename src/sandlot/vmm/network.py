@@ -80,6 +80,8 @@ TABLE = "inet sandlot"
 _NETNS_DIR = "/run/netns"
 _SYS_NET = "/sys/class/net"
 _CLONE_NEWNET = 0x40000000
+# What a network's name may be (the runtime names it after its VM, whose id core made: the
+# format of an id is core's, core/ids.py): safe in a namespace's name and a veth's alias.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 _SLOT_RE = re.compile(rf"{VETH_PREFIX}(\d+)")
 _REJECT = "reject with icmpx type admin-prohibited"
