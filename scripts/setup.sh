@@ -59,7 +59,7 @@ if [ ! -f "$stamp" ] || [ ! -d sdk-ts/node_modules ] || [ ! -d tests/ts/e2b-js/n
 fi
 # The web console (console/, served at /console): built into console/dist from its lockfile,
 # stamped by its lockfile and sources.
-stamp=".stamps/console-$(cat console/package-lock.json console/build.mjs console/src/* | sha256sum | cut -c1-16)"
+stamp=".stamps/console-$(cat console/package-lock.json console/tsconfig.json console/build.mjs console/src/* | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ ! -f console/dist/index.html ]; then
   (cd console && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build)
   rm -f .stamps/console-*; touch "$stamp"

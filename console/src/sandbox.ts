@@ -67,16 +67,20 @@ function terminal(base: string, el: HTMLElement, bar: HTMLElement): () => void {
       if (pid === null || !(await running(pid))) {
         status.textContent = "starting a shell…";
         const r = await call("POST", `${base}/commands`, {
-          cmd: "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi",
-          background: true, timeout: 0, pty: { cols: t.cols, rows: t.rows } });
+          cmd: "if command -v bash >/dev/null; then exec bash -i -l; else exec sh -i -l; fi",
+          background: true, timeout: null, pty: { cols: t.cols, rows: t.rows } });
         pid = r.pid;
       }
-      status.textContent = `shell ${pid}`;
+      status.textContent = `shell ${pid}: connecting`;
       const r = await raw("GET", `${base}/commands/${pid}/stream`, { signal: ctl.signal });
+      t.reset();  // the stream replays the terminal's output from its start
       for await (const line of lines(r)) {
         if (!line.trim()) continue;
         const ev = JSON.parse(line);
-        if (ev.type === "stdout" || ev.type === "stderr") t.write(ev.data);
+        if (ev.type === "stdout" || ev.type === "stderr") {
+          t.write(ev.data);
+          status.textContent = `shell ${pid}`;
+        }
         else if (ev.type === "exit") { status.textContent = `exited (${ev.exit_code})`; pid = null; }
         else if (ev.type === "error") showError(new Error(ev.error.message));
       }

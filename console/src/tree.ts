@@ -35,15 +35,20 @@ export function graph(showStopped: boolean): El[] {
     // an ended sandbox stays while a snapshot of it does: it links the snapshot to its source
     if (ended && !showStopped && !taken.has(sb.sandbox_id)) continue;
     node(`s:${sb.sandbox_id}`, "sandbox", `${sb.sandbox_id}\n${sb.state}`, sb.state);
+    // A fork child's snapshot_id is its fork's own (not listed); a listed one it points to
+    // was rolled back to (or restored from, for a sandbox not forked).
+    const snap = sb.snapshot_id ? store.snapshots.get(sb.snapshot_id) : undefined;
+    const back = snap && (sb.forked_from || snap.sandbox_id === sb.sandbox_id);
     if (sb.forked_from) edges.push([`s:${sb.forked_from}`, `s:${sb.sandbox_id}`, "fork"]);
-    else if (sb.snapshot_id) edges.push([`n:${sb.snapshot_id}`, `s:${sb.sandbox_id}`, "restore"]);
-    else if (sb.template) edges.push([`t:${sb.template}`, `s:${sb.sandbox_id}`, ""]);
+    if (snap) edges.push([`n:${snap.snapshot_id}`, `s:${sb.sandbox_id}`,
+                          back ? "rollback" : "restore"]);
+    else if (!sb.forked_from && sb.template) {
+      edges.push([`t:${sb.template}`, `s:${sb.sandbox_id}`, ""]);
+    }
   }
   for (const [source, target, label] of edges) {
     if (ids.has(source) && ids.has(target)) {
       els.push({ data: { id: `${source}>${target}`, source, target, label } });
-    } else if (ids.has(target) && source.startsWith("s:") && label === "fork") {
-      // a parent no longer listed: nothing to draw from
     }
   }
   return els;

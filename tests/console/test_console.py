@@ -4,6 +4,7 @@ take are docs/console.md's."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -94,7 +95,11 @@ def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, serv
     page.screenshot(path=SHOTS / "sandboxes.png")
 
     row.locator("a").click()
-    expect(page.locator("#terminal-status")).to_contain_text("shell")
+    expect(page.locator("#terminal-status")).to_have_text(re.compile(r"^shell \d+$"))
+    page.wait_for_function("""() => {  // the shell's prompt, as a user waits for it
+        const b = window.sandlotTerminal.buffer.active;
+        return /[#$] *$/.test(b.getLine(b.cursorY + b.baseY)?.translateToString(true) ?? '');
+    }""")
     page.locator("#terminal").click()
     page.keyboard.type("echo console-$((6 * 7))\n")
     page.wait_for_function("""() => {
@@ -152,7 +157,7 @@ def test_a_key_sees_nothing_it_does_not_own(browser, server, keys, made) -> None
     expect(b.locator("#live.on")).to_be_visible()
     expect(b.locator("#count")).to_have_text("0 shown")
     b.click("nav a[href='#/tree']")
-    b.wait_for_function("window.sandlotTree !== undefined")
+    b.wait_for_function("() => window.sandlotTree !== undefined")
     assert b.evaluate("window.sandlotTree.nodes('.sandbox, .snapshot').length") == 0
     b.goto(f"{server.url}/console/#/sandbox/{box.sandbox_id}")
     expect(b.locator("#error")).to_contain_text("not found")
