@@ -113,7 +113,7 @@ def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, serv
     page.close()
 
 
-def test_a_snapshot_taken_in_the_console_is_in_the_tree_and_sandboxes_from_it_are_under_it(
+def test_a_snapshot_and_a_fork_made_in_the_console_are_in_the_tree_with_their_children(
         browser, server, keys, made) -> None:
     page = open_console(browser, server, keys["a"])
     box = new_sandbox(server, keys["a"], made)
@@ -122,6 +122,10 @@ def test_a_snapshot_taken_in_the_console_is_in_the_tree_and_sandboxes_from_it_ar
     page.fill("#snapshot-name", "console-snap")
     page.click("#dialog-ok")
     expect(page.locator("#notice")).to_contain_text("snapshot: done")
+    row.locator("[data-action=fork]").click()
+    page.fill("#fork-count", "1")
+    page.click("#dialog-ok")
+    expect(page.locator("#notice")).to_contain_text("fork: done")
 
     page.click("nav a[href='#/tree']")
     page.wait_for_function("""(sid) => {
@@ -131,6 +135,11 @@ def test_a_snapshot_taken_in_the_console_is_in_the_tree_and_sandboxes_from_it_ar
     }""", arg=box.sandbox_id)
     snap = page.evaluate("window.sandlotTree.nodes('.snapshot').filter(n => "
                          "n.data('label').startsWith('console-snap'))[0].id()")
+    page.wait_for_function("""(sid) => window.sandlotTree.getElementById('s:' + sid)
+        .outgoers('edge[label = "fork"]').length === 1""", arg=box.sandbox_id)
+    fork = page.evaluate(f"window.sandlotTree.getElementById('s:{box.sandbox_id}')"
+                         ".outgoers('edge[label = \"fork\"]')[0].target().id().slice(2)")
+    made.append(Sandbox.connect(fork, api_url=server.url, api_key=keys["a"]))
     page.evaluate(f"window.sandlotTree.getElementById({snap!r}).emit('tap')")
     page.click("#tree-panel [data-action=start]")
     page.fill("#start-count", "2")
