@@ -172,3 +172,17 @@ def test_a_key_sees_nothing_it_does_not_own(browser, server, keys, made) -> None
     expect(b.locator("#error")).to_contain_text("not found")
     a.close()
     b.close()
+
+
+def test_hosts_are_for_admin_keys(browser, server, keys) -> None:
+    admin = open_console(browser, server, server.key)
+    admin.click("nav a[href='#/hosts']")
+    row = admin.locator("#hosts tbody tr").first
+    expect(row).to_contain_text("active")
+    expect(row.locator("[data-action=drain]")).to_be_visible()
+    admin.screenshot(path=SHOTS / "hosts.png")
+    admin.close()
+    tenant = open_console(browser, server, keys["b"])
+    tenant.click("nav a[href='#/hosts']")
+    expect(tenant.locator("#error")).to_contain_text("for the deployment's operators")
+    tenant.close()
