@@ -4,9 +4,10 @@ server, interleaved round by round so both sides see the same machine load (issu
 
     python bench/console_cost.py [--rounds 6] [--streams 1] [--json out.json]
 
-Without a subscriber core publishes nothing (core/events.py); with one, each saved record is
-validated once and queued per subscriber. The table prints the median (p50) and p90 of each
-call in ms per side, and how many events the streams read.
+Each stream is read by a curl process of its own, as a browser would read it (not a thread of
+this client). Without a subscriber core publishes nothing (core/events.py); with one, each
+saved record is validated once and queued per subscriber. The table prints the median (p50)
+and p90 of each call in ms per side, and how many events the streams read.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ import json
 import secrets
 import shutil
 import statistics
+import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import httpx
 
 from sandlot import Sandbox
 from sandlot.testing import ServerProcess
@@ -30,28 +29,19 @@ OPS = ("create", "exec", "fork(1)", "kill")
 
 
 class Listener:
-    """A console's event stream, read on a thread until stopped."""
+    """A console's event stream, read by a process of its own (as a browser is): curl."""
 
-    def __init__(self, url: str, key: str) -> None:
-        self.events = 0
-        self._stop = threading.Event()
-        self._client = httpx.Client(base_url=url, timeout=httpx.Timeout(5, read=None))
-        self._thread = threading.Thread(target=self._read, args=(key,), daemon=True)
-        self._thread.start()
+    def __init__(self, url: str, key: str, out: Path) -> None:
+        self.out = out
+        self._proc = subprocess.Popen(
+            ["curl", "-sN", "-H", f"authorization: Bearer {key}", f"{url}/v1/events"],
+            stdout=out.open("wb"), stderr=subprocess.DEVNULL)
 
-    def _read(self, key: str) -> None:
-        with self._client.stream("GET", "/v1/events",
-                                 headers={"authorization": f"Bearer {key}"}) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    self.events += 1
-                if self._stop.is_set():
-                    break
-
-    def close(self) -> None:
-        self._stop.set()
-        self._client.close()
+    def close(self) -> int:
+        """Stop reading; the events it read (its `ready` not counted)."""
+        self._proc.terminate()
+        self._proc.wait()
+        return self.out.read_text().count("event: ") - 1
 
 
 def one_round(kw: dict, times: dict[str, list[float]]) -> None:
@@ -95,16 +85,15 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for side in order:
-                listeners = ([Listener(srv.url, srv.key) for _ in range(args.streams)]
+                listeners = ([Listener(srv.url, srv.key, root / f"events-{r}-{i}")
+                              for i in range(args.streams)]
                              if side == "with console" else [])
                 try:
-                    time.sleep(0.2)  # the streams are open before the round
+                    time.sleep(0.5)  # the streams are open before the round
                     one_round(kw, sides[side])
                 finally:
-                    time.sleep(0.2)
-                    events += sum(x.events for x in listeners)
-                    for x in listeners:
-                        x.close()
+                    time.sleep(0.5)
+                    events += sum(x.close() for x in listeners)
     finally:
         srv.close()
         shutil.rmtree(root, ignore_errors=True)
