@@ -1,6 +1,6 @@
 // What the key may see, kept current by GET /v1/events (lists reloaded when it (re)opens).
 
-import { call, events } from "./api";
+import { ApiError, call, events } from "./api";
 
 export type Sandbox = {
   sandbox_id: string; state: string; template: string | null; snapshot_id: string | null;
@@ -72,8 +72,9 @@ export async function follow(): Promise<void> {
         }
         changed();
       }
-    } catch {
-      /* dropped: try again below */
+    } catch (e) {
+      // a key revoked meanwhile: back to the sign-in (main.ts); else dropped, try again
+      if (e instanceof ApiError && e.status === 401) throw e;
     }
     store.live = false;
     changed();

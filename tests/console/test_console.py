@@ -86,7 +86,7 @@ def test_a_wrong_key_is_refused_with_the_apis_words(browser, server) -> None:
 
 
 def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, server, keys,
-                                                                    made) -> None:
+                                                                    made, tmp_path) -> None:
     page = open_console(browser, server, keys["a"])
     box = new_sandbox(server, keys["a"], made)  # through the SDK, the page not reloaded
     row = page.locator(f"#sandboxes tr[data-id='{box.sandbox_id}']")
@@ -107,7 +107,16 @@ def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, serv
         for (let i = 0; i < b.length; i++)
             if ((b.getLine(i)?.translateToString() ?? '').includes('console-42')) return true;
         return false; }""")
-    expect(page.locator("#files tr[data-name]").first).to_be_visible()  # the file browser
+    # the file browser: an upload lands in the sandbox, a download brings it back
+    upload = tmp_path / "from-console.txt"
+    upload.write_text("uploaded through the console\n")
+    page.set_input_files("#files-upload", str(upload))
+    entry = page.locator("#files tr[data-name='from-console.txt']")
+    expect(entry).to_be_visible()
+    assert box.files.read("/root/from-console.txt") == "uploaded through the console\n"
+    with page.expect_download() as download:
+        entry.locator("[data-action=download]").click()
+    assert Path(download.value.path()).read_text() == "uploaded through the console\n"
     page.screenshot(path=SHOTS / "sandbox.png")
     assert page.console_errors == []  # type: ignore[attr-defined]
     page.close()
