@@ -12,6 +12,7 @@ APT_PACKAGES=(
   docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
   golang-go  # builds the guest agent and init (static, standard library only) for templates
   gcc libc6-dev  # builds the library QEMU preloads for write tracking (vmm/write_tracking.c)
+  chromium  # tests/console: the console in a real headless browser (Playwright drives it)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -55,6 +56,13 @@ if [ ! -f "$stamp" ] || [ ! -d sdk-ts/node_modules ] || [ ! -d tests/ts/e2b-js/n
   (cd sdk-ts && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build >/dev/null)
   (cd tests/ts/e2b-js && npm ci --no-audit --no-fund --loglevel=error)
   rm -f .stamps/npm-*; touch "$stamp"
+fi
+# The web console (console/, served at /console): built into console/dist from its lockfile,
+# stamped by its lockfile and sources.
+stamp=".stamps/console-$(cat console/package-lock.json console/tsconfig.json console/build.mjs console/src/* | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ ! -f console/dist/index.html ]; then
+  (cd console && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build)
+  rm -f .stamps/console-*; touch "$stamp"
 fi
 
 # Content-hash cached: returns at once when the base template is up to date. It builds the

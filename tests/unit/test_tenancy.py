@@ -26,6 +26,8 @@ UNSCOPED = {
     ("POST", "/e2b/v2/sandboxes"), ("GET", "/e2b/sandboxes"), ("GET", "/e2b/v2/sandboxes"),
     ("GET", "/e2b/snapshots"), ("GET", "/files"), ("POST", "/files"), ("GET", "/metrics"),
     ("GET", "/health"), ("GET", "/e2b/envd/health"),
+    ("GET", "/v1/events"),  # the caller's own changes (tests/unit/test_events.py)
+    ("GET", "/console"), ("GET", "/console/{path:path}"),  # static files, no data
 }
 # A body each route with an object accepts, so the answer is about the object, not the body.
 BODIES = {

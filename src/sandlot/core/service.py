@@ -18,6 +18,7 @@ from sandlot.config import Settings
 from sandlot.core.background import stop_task
 from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
+from sandlot.core.events import Events, FeedingStore
 from sandlot.core.files import Files
 from sandlot.core.hosts import Hosts
 from sandlot.core.ids import new_sandbox_id
@@ -57,7 +58,9 @@ class Core:
         self.runtime = runtime
         settings.ensure()
         self.host_id = settings.stable_host_id()
-        self.db = open_store(settings.database_url, settings.db_path)
+        self.events = Events()  # the records' changes, for live views (GET /v1/events)
+        self.db = FeedingStore(open_store(settings.database_url, settings.db_path),
+                               self.events)
         self.templates = TemplateStore(settings, runtime)
         self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,

@@ -21,6 +21,7 @@ from sandlot.server import errors
 from sandlot.server.auth import require_key
 from sandlot.server.autoresume import AutoResume
 from sandlot.server.body import BodyLimit
+from sandlot.server.console import mount_console
 from sandlot.server.e2b import router as e2b_router
 from sandlot.server.e2b.state import start_e2b_state
 from sandlot.server.forward import PEER_SECRET, ForwardToOwner, Peers
@@ -29,6 +30,7 @@ from sandlot.server.metrics import router as metrics_router
 from sandlot.server.ports import E2BNames, PortRoutes, new_transport
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
+from sandlot.server.routes_events import router as events_router
 from sandlot.server.routes_files import router as files_router
 from sandlot.server.routes_hosts import router as hosts_router
 from sandlot.server.routes_sandboxes import router as sandboxes_router
@@ -88,10 +90,11 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.add_middleware(E2BNames)  # api.<domain>, 49983-<sandbox id>.<domain>: E2B's URLs
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router,
-                   hosts_router):
+                   hosts_router, events_router):
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
     app.include_router(metrics_router)  # Prometheus, unauthenticated like /health
+    mount_console(app)  # the web console's static files; it signs in with a key (/v1)
 
     def openapi() -> dict:
         """FastAPI's schema, plus the models the NDJSON streams are made of."""
