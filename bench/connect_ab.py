@@ -1,18 +1,22 @@
 """envd's Connect RPCs served two ways, side by side in one process: sandlot's hand-written
 framing (`server/e2b/connect.py`, JSON) and the `connectrpc` runtime (JSON and binary proto),
-the latter a prototype of the process service's Start and the filesystem's Stat on envd's
-generated stubs (the ones the e2b Python SDK ships) mounted in the same app under
-``/e2b/envd-crpc``, with the same E2b-Sandbox-Id routing and authentication. Made for issue 23
-item 5 (docs/benchmarks.md, "Connect RPC: hand-written framing and connectrpc").
+the latter a prototype of the process service's Start and StreamInput and the filesystem's
+Stat on envd's generated stubs (the ones the e2b Python SDK ships) mounted in the same app
+under ``/e2b/envd-crpc``, with the same E2b-Sandbox-Id routing and authentication. For issue 23
+item 5 (docs/benchmarks.md, "Connect RPC: hand-written framing and `connectrpc`, side by
+side"; docs/e2b.md, "Connect RPC").
 
     PYTHONPATH=$PWD/src /work/main/.venv/bin/python bench/connect_ab.py \\
         [--runs 7] [--calls 500] [--events 5000] [--transport asgi|uvicorn]
+    PYTHONPATH=$PWD/src /work/main/.venv/bin/python bench/connect_ab.py --sdk
 
 The server runs on the fast tier's fake runtime (no VMs). Per run and side, interleaved:
 `--calls` unary Stat calls one after another (calls/s), and one Start whose command prints
-`--events` lines (output events/s, first byte to end of stream). `asgi` calls the app through
-httpx's ASGI transport; `uvicorn` serves it on loopback (HTTP/1.1) and calls it with httpx.
-Each run checks that all sides answered alike before it is timed.
+`--events` lines (output events/s, from the request to the end of the stream). `asgi` calls
+the app through httpx's ASGI transport; `uvicorn` serves it on loopback (HTTP/1.1) and calls it
+with httpx.
+The sides are first checked to answer alike. `--sdk` instead runs the unmodified e2b Python
+SDK and the e2b npm package (tests/ts/e2b-js) against both sides on loopback.
 """
 
 from __future__ import annotations
