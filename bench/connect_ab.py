@@ -16,7 +16,8 @@ The server runs on the fast tier's fake runtime (no VMs). Per run and side, inte
 the app through httpx's ASGI transport; `uvicorn` serves it on loopback (HTTP/1.1) and calls it
 with httpx.
 The sides are first checked to answer alike. `--sdk` instead runs the unmodified e2b Python
-SDK and the e2b npm package (tests/ts/e2b-js) against both sides on loopback.
+SDK and the e2b npm package (tests/ts/e2b-js after `make setup`, or $E2B_JS_DIR) against both
+sides on loopback. Needs the test extras (the pinned e2b SDK brings `connectrpc`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import contextvars
 import gzip
 import json
+import os
 import shlex
 import statistics
 import struct
@@ -399,9 +401,8 @@ async def _get(coro, attr: str):
 
 
 async def sdk_checks(url: str, key: str) -> None:
-    js_dir = Path(__file__).resolve().parents[1] / "tests" / "ts" / "e2b-js"
-    if not (js_dir / "node_modules").is_dir():
-        js_dir = Path("/work/main/tests/ts/e2b-js")
+    js_dir = Path(os.environ.get("E2B_JS_DIR") or
+                  Path(__file__).resolve().parents[1] / "tests" / "ts" / "e2b-js")
     for name, envd in (("hand-written", "/e2b/envd"), ("connectrpc", PREFIX)):
         print(f"{name} ({envd})")
         print("  python SDK:", await _py_checks(url, key, envd))
