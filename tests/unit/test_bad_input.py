@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from sandlot.errors import CapacityError, StorageError, VmmError, without_paths
 from sandlot.server import errors
 from sandlot.server.e2b import api as e2b_api
-from sandlot.server.e2b.envd import SERVICES
+from sandlot.server.e2b.envd import REQUESTS, SERVICES
 from sandlot.testing import in_process
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -95,6 +95,45 @@ async def test_envd_rpcs_refuse_bad_json(api) -> None:
                                             "content-type": "application/connect+json"})
                 clean(api.srv, r, 200, 400)
                 assert b"invalid_argument" in r.content, (method, r.content[:300])
+
+
+# Wrong-typed values for each field of envd's requests (their types: envd.REQUESTS).
+WRONG = [5, "x", [], {}, True, -1, "99999999999999999999", {"pid": "x"}, {"pid": []},
+         {"tag": {}}, {"cmd": 5}, {"args": "x"}, {"envs": {"A": 1}}, {"size": {"cols": "x"}},
+         {"stdin": 5}, {"process": 5}, {"input": {"stdin": 5}}]
+
+
+async def test_envd_rpcs_refuse_fields_of_the_wrong_type(api) -> None:
+    """Every field of every envd request, given values of other types: a 400
+    invalid_argument (an end-stream error for streams), never an internal error."""
+    r = await api.post("/v1/sandboxes", json={}, headers=api.rest)
+    headers = {**api.e2b, "e2b-sandbox-id": r.json()["sandbox_id"]}
+    for service, (unary, server_stream, client_stream) in SERVICES.items():
+        for method, schema in REQUESTS[service].items():
+            names = [*schema, *(f"{k}.{sub}" for k, v in schema.items()
+                                if isinstance(v, dict) for sub in v)]
+            for name in names:
+                for value in WRONG:
+                    msg = {name: value} if "." not in name else \
+                        {name.split(".")[0]: {name.split(".")[1]: value}}
+                    body = json.dumps(msg).encode()
+                    if method in unary:
+                        r = await api.post(f"/e2b/envd/{service}/{method}", content=body,
+                                           headers={**headers,
+                                                    "content-type": "application/json"})
+                        clean(api.srv, r, 200, 400, 404, 409)  # some values fit a field
+                        continue
+                    envelope = struct.pack(">BI", 0, len(body)) + body
+                    r = await api.post(f"/e2b/envd/{service}/{method}", content=envelope,
+                                       headers={**headers, "connect-timeout-ms": "200",
+                                                "content-type": "application/connect+json"})
+                    clean(api.srv, r, 200)
+                    assert b'"internal"' not in r.content, (method, msg, r.content[-200:])
+            assert method in (*unary, *server_stream, *client_stream)
+    r = await api.post("/e2b/envd/filesystem.Filesystem/Stat", json={"path": 5},
+                       headers=headers)
+    assert r.status_code == 400 and r.json() == {"code": "invalid_argument",
+                                                 "message": "path must be a string"}
 
 
 async def test_template_names_and_snapshot_ids_of_no_valid_form(api) -> None:

@@ -53,6 +53,58 @@ def field(msg: dict, camel: str, snake: str | None = None, default=None):
     return default
 
 
+# A request message's schema, from envd's .proto files: {json name: type}, where a type is
+# "string", "bool", "bytes", "enum", "uint32", a nested schema (a message), ["repeated", type]
+# or ["map", type] (string keys). Unknown fields are ignored and null is a field's default, as
+# protobuf JSON has them.
+Schema = dict
+_SCALARS = {"string": str, "bool": bool, "bytes": str}
+UINT32_MAX = (1 << 32) - 1
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def _check_value(value, kind, where: str) -> None:
+    if value is None:
+        return
+    if isinstance(kind, dict):
+        check(value, kind, where)
+    elif isinstance(kind, list):
+        container, inner = kind
+        if container == "repeated" and not isinstance(value, list):
+            raise InvalidArgumentError(f"{where} must be a list")
+        if container == "map" and not isinstance(value, dict):
+            raise InvalidArgumentError(f"{where} must be an object")
+        for i, item in (enumerate(value) if container == "repeated" else value.items()):
+            _check_value(item, inner, f"{where}[{i!r}]")
+    elif kind == "uint32":
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not 0 <= value <= UINT32_MAX:
+            raise InvalidArgumentError(f"{where} must be an integer from 0 to {UINT32_MAX}")
+    elif kind == "enum":
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidArgumentError(f"{where} must be an enum name or number")
+    elif not isinstance(value, _SCALARS[kind]):
+        raise InvalidArgumentError(f"{where} must be a {'string' if kind == 'bytes' else kind}")
+
+
+def check(msg: dict, schema: Schema, where: str = "the request") -> dict:
+    """`msg` with every field `schema` names of its type; InvalidArgumentError otherwise, so
+    that a handler never meets a field of the wrong type."""
+    if not isinstance(msg, dict):
+        raise InvalidArgumentError(f"{where} must be a JSON object")
+    for name, kind in schema.items():
+        for key in {name, _snake(name)}:
+            if key in msg:
+                _check_value(msg[key], kind, f"{where}.{key}" if where != "the request"
+                             else key)
+    return msg
+
+
 def b64decode(value) -> bytes:
     if not value:
         return b""

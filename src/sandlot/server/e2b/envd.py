@@ -34,6 +34,8 @@ SERVICES = {
     "filesystem.Filesystem": (filesystem.UNARY, filesystem.SERVER_STREAM, {}),
 }
 
+REQUESTS = {"process.Process": process.REQUESTS, "filesystem.Filesystem": filesystem.REQUESTS}
+
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 # The SDK's download_url()/upload_url() join "/files" to the sandbox URL as an absolute path,
 # so signed file URLs arrive at the server root, naming no sandbox: the signature does.
@@ -74,21 +76,23 @@ async def rpc(service: str, method: str, request: Request) -> Response:
     where = f"{service}/{method}"
     unary, server_stream, client_stream = SERVICES.get(service, ({}, {}, {}))
     is_stream = request.headers.get("content-type", "").startswith(connect.STREAM_TYPE)
+    schema = REQUESTS.get(service, {}).get(method, {})
     if method in unary:
         handler = unary[method]
 
         async def call(msg: dict) -> dict:
-            return await handler(await envd_call(request), msg)
+            return await handler(await envd_call(request), connect.check(msg, schema))
 
         return await connect.unary(request, call, where)
     try:
         if method in server_stream:
             ctx = await envd_call(request)
-            msg = await connect.read_single_envelope(request)
+            msg = connect.check(await connect.read_single_envelope(request), schema)
             return connect.server_stream(server_stream[method](ctx, msg), where)
         if method in client_stream:
             ctx = await envd_call(request)
-            reply = await client_stream[method](ctx, connect.read_envelopes(request))
+            messages = (connect.check(m, schema) async for m in connect.read_envelopes(request))
+            reply = await client_stream[method](ctx, messages)
             return Response(connect.envelope(reply) + connect.end_stream(),
                             media_type=connect.STREAM_TYPE)
         raise Unsupported(f"sandlot's envd does not serve {service}/{method}")

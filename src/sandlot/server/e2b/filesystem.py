@@ -223,6 +223,16 @@ async def remove_watcher(ctx: Envd, msg: dict) -> dict:
     return {}
 
 
+_PATH = {"path": "string"}
+_WATCH = {"path": "string", "recursive": "bool", "includeEntry": "bool",
+          "allowNetworkMounts": "bool"}
+# Each method's request message (envd's filesystem.proto), checked before its handler runs.
+REQUESTS = {
+    "Stat": _PATH, "ListDir": {"path": "string", "depth": "uint32"}, "MakeDir": _PATH,
+    "Move": {"source": "string", "destination": "string"}, "Remove": _PATH,
+    "WatchDir": _WATCH, "CreateWatcher": _WATCH,
+    "GetWatcherEvents": {"watcherId": "string"}, "RemoveWatcher": {"watcherId": "string"},
+}
 UNARY = {"Stat": stat, "ListDir": list_dir, "MakeDir": make_dir, "Move": move,
          "Remove": remove, "CreateWatcher": create_watcher,
          "GetWatcherEvents": get_watcher_events, "RemoveWatcher": remove_watcher}

@@ -260,6 +260,23 @@ async def update(ctx: Envd, msg: dict) -> dict:
     return {}
 
 
+_SELECTOR = {"pid": "uint32", "tag": "string"}
+_INPUT = {"stdin": "bytes", "pty": "bytes"}
+_PTY = {"size": {"cols": "uint32", "rows": "uint32"}}
+# Each method's request message (envd's process.proto), checked before its handler runs.
+REQUESTS = {
+    "Start": {"process": {"cmd": "string", "args": ["repeated", "string"],
+                          "envs": ["map", "string"], "cwd": "string"},
+              "pty": _PTY, "tag": "string", "stdin": "bool"},
+    "Connect": {"process": _SELECTOR},
+    "List": {},
+    "SendInput": {"process": _SELECTOR, "input": _INPUT},
+    "StreamInput": {"start": {"process": _SELECTOR}, "data": {"input": _INPUT},
+                    "keepalive": {}},
+    "SendSignal": {"process": _SELECTOR, "signal": "enum"},
+    "CloseStdin": {"process": _SELECTOR},
+    "Update": {"process": _SELECTOR, "pty": _PTY},
+}
 UNARY = {"List": list_, "SendInput": send_input, "CloseStdin": close_stdin,
          "SendSignal": send_signal, "Update": update}
 SERVER_STREAM = {"Start": start, "Connect": connect}
