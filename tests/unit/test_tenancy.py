@@ -25,8 +25,9 @@ UNSCOPED = {
     ("POST", "/v1/hosts/{host_id}/activate"), ("POST", "/e2b/sandboxes"),
     ("POST", "/e2b/v2/sandboxes"), ("GET", "/e2b/sandboxes"), ("GET", "/e2b/v2/sandboxes"),
     ("GET", "/e2b/snapshots"), ("GET", "/files"), ("POST", "/files"), ("GET", "/metrics"),
-    ("GET", "/health"), ("GET", "/e2b/envd/health"),
-}
+    ("GET", "/health"), ("GET", "/e2b/envd/health"), ("POST", "/e2b/v3/templates"),
+    ("GET", "/e2b/templates/aliases/{alias}"), ("PUT", "/e2b/template-uploads/{token}"),
+}  # template builds' names and uploads: tests/unit/test_e2b_templates.py
 # A body each route with an object accepts, so the answer is about the object, not the body.
 BODIES = {
     "/timeout": {"timeout": 60}, "/fork": {"count": 1}, "/ports": {"port": 8000},

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sandlot.config import Settings
 from sandlot.core.background import stop_task
+from sandlot.core.builds import TemplateBuilds
 from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
 from sandlot.core.files import Files
@@ -58,6 +59,7 @@ class Core:
         self.host_id = settings.stable_host_id()
         self.db = open_store(settings.database_url, settings.db_path)
         self.templates = TemplateStore(settings, runtime)
+        self.builds = TemplateBuilds(settings, self.templates, runtime)
         self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
                                         self.snapshots, self.host_id)
