@@ -1,0 +1,111 @@
+"""E2B template builds with the unmodified `e2b` SDK's Template builder against a real server
+(buildah, then one boot and snapshot of the template) and real VMs: a Dockerfile with a COPY
+and a RUN, the step builder, a failing step, a cached rebuild, `exists`, and tenancy. The
+templates build on the Debian test image in the session's loopback registry."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
+
+TIMEOUT = 900
+
+
+def tenant_key(srv, tenant: str) -> str:
+    """A new key of `tenant` (`sandlot keys create`)."""
+    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
+                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def e2b(server, oci_images):
+    """What a harness sets: the API and sandbox URLs and a (tenant's) key."""
+    opts = {"api_url": f"{server.url}/e2b", "sandbox_url": f"{server.url}/e2b/envd",
+            "api_key": tenant_key(server, "builders")}
+    return {"opts": opts, "image": oci_images["debian"], "server": server}
+
+
+@pytest.fixture(scope="module")
+def dockerfile_template(e2b, tmp_path_factory):
+    """One template from a Dockerfile with a COPY of a local file and a RUN, shared."""
+    ctx = tmp_path_factory.mktemp("ctx")
+    (ctx / "hello.txt").write_text("hello from the context\n")
+    logs: list[str] = []
+    template = Template(file_context_path=str(ctx)).from_dockerfile(
+        f"FROM {e2b['image']}\n"
+        "COPY hello.txt /opt/app/hello.txt\n"
+        "RUN echo built-by-run > /opt/app/ran.txt && chmod 644 /opt/app/ran.txt\n"
+        "ENV APP_MODE=test\n")
+    info = Template.build(template, "e2b-dockerfile", cpu_count=1, memory_mb=512,
+                          on_build_logs=lambda e: logs.append(str(e.message)), **e2b["opts"])
+    return {"template": template, "info": info, "logs": logs}
+
+
+def test_dockerfile_copy_and_run(e2b, dockerfile_template):
+    assert dockerfile_template["info"].template_id == "e2b-dockerfile"
+    with Sandbox.create("e2b-dockerfile", timeout=300, **e2b["opts"]) as sbx:
+        assert sbx.files.read("/opt/app/hello.txt") == "hello from the context\n"
+        assert sbx.files.read("/opt/app/ran.txt") == "built-by-run\n"
+        out = sbx.commands.run("whoami; pwd; echo $APP_MODE")
+        assert out.stdout.split() == ["user", "/home/user", "test"]
+        # a harness uploads its files as `user`
+        sbx.files.write("/home/user/task.txt", "x")
+        assert sbx.commands.run("id -un && ls -l /home/user/task.txt").exit_code == 0
+
+
+def test_a_rebuild_is_served_from_the_cache(e2b, dockerfile_template):
+    logs: list[str] = []
+    Template.build(dockerfile_template["template"], "e2b-dockerfile", cpu_count=1,
+                   memory_mb=512, on_build_logs=lambda e: logs.append(str(e.message)),
+                   **e2b["opts"])
+    text = "\n".join(logs)
+    assert "Every step was cached" in text and "served from the cache" in text
+
+
+def test_exists_and_another_tenant(e2b, dockerfile_template):
+    assert Template.exists("e2b-dockerfile", **e2b["opts"]) is True
+    assert Template.exists("no-such-template", **e2b["opts"]) is False
+    other = {**e2b["opts"], "api_key": tenant_key(e2b["server"], "others")}
+    assert Template.exists("e2b-dockerfile", **other) is True  # E2B: exists, not yours
+    with pytest.raises(Exception) as ei:
+        Sandbox.create("e2b-dockerfile", **other)
+    assert "not found" in str(ei.value)
+    with pytest.raises(BuildException) as ei:
+        Template.build(Template().from_image(e2b["image"]), "e2b-dockerfile", **other)
+    assert "not yours" in str(ei.value)
+
+
+def test_step_builder(e2b, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("A")
+    template = (Template(file_context_path=str(tmp_path))
+                .from_image(e2b["image"])
+                .set_envs({"STAGE": "steps"})
+                .copy("data", "/home/user/data/")
+                .set_workdir("/home/user/work")
+                .run_cmd("echo $STAGE > made.txt && cat /home/user/data/a.txt >> made.txt")
+                .run_cmd("touch /etc/made-by-root", user="root"))
+    Template.build(template, "e2b-steps", cpu_count=1, memory_mb=512, **e2b["opts"])
+    with Sandbox.create("e2b-steps", timeout=300, **e2b["opts"]) as sbx:
+        assert sbx.files.read("/home/user/work/made.txt") == "steps\nA"
+        assert sbx.commands.run("test -f /etc/made-by-root && echo $STAGE").stdout == "steps\n"
+
+
+def test_a_failing_step_reports_its_output(e2b):
+    template = (Template().from_image(e2b["image"])
+                .run_cmd("echo fine")
+                .run_cmd("echo boom-from-the-step >&2; exit 3"))
+    logs: list[str] = []
+    with pytest.raises(BuildException) as ei:
+        Template.build(template, "e2b-failing", on_build_logs=lambda e: logs.append(
+            str(e.message)), **e2b["opts"])
+    assert "boom-from-the-step" in str(ei.value)
+    assert any("boom-from-the-step" in line for line in logs)
+    assert Template.exists("e2b-failing", **e2b["opts"]) is False
