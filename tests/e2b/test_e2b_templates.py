@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from e2b import Sandbox, Template
+from e2b import CommandExitException, Sandbox, Template
 from e2b.exceptions import BuildException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 TIMEOUT = 900
 
@@ -109,3 +111,39 @@ def test_a_failing_step_reports_its_output(e2b):
     assert "boom-from-the-step" in str(ei.value)
     assert any("boom-from-the-step" in line for line in logs)
     assert Template.exists("e2b-failing", **e2b["opts"]) is False
+
+
+TASKS = Path(__file__).parent / "tasks"
+
+
+def test_a_terminal_bench_style_task_end_to_end(e2b):
+    """As a harness runs a task: build its environment's Dockerfile as a template, create a
+    sandbox of it, upload and run the tests (failing before the agent worked), run the
+    solution, run the tests again and read the reward the verifier wrote."""
+    task = TASKS / "csv-sum"
+    env_dir = task / "environment"
+    # the tests have no internet: the task's base image comes from the loopback registry
+    dockerfile = (env_dir / "Dockerfile").read_text().replace(
+        "FROM debian:bookworm-slim", f"FROM {e2b['image']}")
+    assert (task / "instruction.md").read_text().strip()
+    template = Template(file_context_path=str(env_dir)).from_dockerfile(dockerfile)
+    Template.build(template, "task-csv-sum", cpu_count=1, memory_mb=512, **e2b["opts"])
+
+    def upload(sbx: Sandbox, folder: str) -> None:
+        sbx.files.write_files([
+            WriteEntry(path=f"/{folder}/{p.name}", data=p.read_text())
+            for p in sorted((task / folder).iterdir())])
+
+    def verify(sbx: Sandbox) -> float:
+        run = sbx.commands.run("bash /tests/test.sh", user="root", timeout=60)
+        assert run.exit_code == 0
+        return float(sbx.files.read("/logs/verifier/reward.txt").strip())
+
+    with Sandbox.create("task-csv-sum", timeout=300, **e2b["opts"]) as sbx:
+        upload(sbx, "tests")
+        with pytest.raises(CommandExitException):
+            verify(sbx)
+        assert sbx.files.read("/logs/verifier/reward.txt").strip() == "0"
+        upload(sbx, "solution")
+        sbx.commands.run("bash /solution/solve.sh", user="root", cwd="/app", timeout=120)
+        assert verify(sbx) == 1.0
