@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2b import CommandExitException, Sandbox, Template
+from e2b import CommandExitException, Sandbox, Template, wait_for_file
 from e2b.exceptions import BuildException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
@@ -147,3 +147,19 @@ def test_a_terminal_bench_style_task_end_to_end(e2b):
         upload(sbx, "solution")
         sbx.commands.run("bash /solution/solve.sh", user="root", cwd="/app", timeout=120)
         assert verify(sbx) == 1.0
+
+
+def test_start_command_runs_before_the_snapshot(e2b):
+    """E2B's start and ready commands: the template's sandboxes start with the start command
+    already running (it ran once, at the build, until the ready command succeeded)."""
+    template = (Template().from_image(e2b["image"])
+                .set_start_cmd("bash -c 'date +%s%N > /tmp/started-at; exec sleep infinity'",
+                               wait_for_file("/tmp/started-at")))
+    Template.build(template, "e2b-started", cpu_count=1, memory_mb=512, **e2b["opts"])
+    seen = []
+    for _ in range(2):
+        with Sandbox.create("e2b-started", timeout=300, **e2b["opts"]) as sbx:
+            seen.append(sbx.files.read("/tmp/started-at"))
+            ps = sbx.commands.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            assert "sleep infinity" in ps.stdout
+    assert seen[0] == seen[1]  # started once, at the build

@@ -12,8 +12,8 @@ a restart forgets the builds in progress (their templates stay once built).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-import json
 import logging
 import re
 import secrets
@@ -26,12 +26,21 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sandlot.config import Settings
-from sandlot.core.models import TemplateInfo, now
+from sandlot.core.models import (
+    CreateSandbox,
+    ExecRequest,
+    SnapshotState,
+    TemplateInfo,
+    now,
+)
 from sandlot.core.templates import IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
-from sandlot.core.tenancy import Principal
+from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
+    BuildError,
+    BuildStepError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -42,7 +51,7 @@ from sandlot.errors import (
 from sandlot.images import oci, steps
 from sandlot.images.dockerfile import Buildah
 from sandlot.images.spec import NAME_RE
-from sandlot.runtime.base import Runtime
+from sandlot.runtime.base import Exited, Output, Runtime
 
 log = logging.getLogger(__name__)
 MAX_LOG_LINES = 20000
@@ -115,6 +124,7 @@ class TemplateBuilds:
         self._builds: dict[str, Build] = {}
         self._upload_tokens: dict[str, tuple[str, str, float]] = {}
         self._one_at_a_time = asyncio.Semaphore(1)
+        self.core: Any = None  # the Core it builds for (start commands run in its sandboxes)
 
     # ---- names ------------------------------------------------------------------------
 
@@ -183,7 +193,7 @@ class TemplateBuilds:
             raise PermissionDeniedError(f"template {base!r} is not yours")
         return info
 
-    def delete(self, name: str, who: Principal) -> None:
+    async def delete(self, name: str, who: Principal) -> None:
         """Remove a template the tenant built (an operator's: the CLI removes those)."""
         base, _ = template_name(name)
         info = self.templates.get(base)
@@ -193,6 +203,8 @@ class TemplateBuilds:
             raise PermissionDeniedError(f"{base!r} is a template of this server's operator; "
                                         "it is removed on the server (`sandlot template rm`)")
         self.templates.remove(base)
+        if info.snapshot_id:
+            await self._drop_snapshot(info)
 
     # ---- uploads ----------------------------------------------------------------------
 
@@ -264,9 +276,17 @@ class TemplateBuilds:
         try:
             async with self._one_at_a_time:
                 build.status = "building"
-                await asyncio.to_thread(self._build, build, spec, log, on_loop,
-                                        lambda _: runtime)
-            await asyncio.sleep(0)  # the thread's last log lines land first
+                deadline = time.monotonic() + self.settings.limits.build_seconds
+                try:
+                    before = self.templates.get(build.name)
+                except NotFoundError:
+                    before = None
+                info = await asyncio.to_thread(self._build, build, spec, log, on_loop,
+                                               lambda _: runtime, deadline)
+                await asyncio.sleep(0)  # the thread's last log lines land first
+                if spec.start_cmd or spec.ready_cmd:
+                    await self._started(build, spec, info, before, deadline)
+            await asyncio.sleep(0)
             build.status = "ready"
             build.log(f"Template {build.name} is ready")
         except Exception as e:  # noqa: BLE001 - every failure is the build's status
@@ -279,10 +299,9 @@ class TemplateBuilds:
             build.log(message, "error")
 
     def _build(self, build: Build, spec: BuildSpec, log: Callable[..., None], on_loop,
-               runtime: Callable[[Settings], Runtime]) -> None:
+               runtime: Callable[[Settings], Runtime], deadline: float) -> TemplateInfo:
         from sandlot.core import templates
 
-        deadline = time.monotonic() + self.settings.limits.build_seconds
         settings = self.settings
         access = oci.Access.from_env(creds=f"{spec.username}:{spec.password}"
                                      if spec.username and spec.password else None)
@@ -290,9 +309,6 @@ class TemplateBuilds:
         log(f"Base image {spec.image}")
         layout, pinned = templates._pull(ref, settings, access, log)
         text, origin = steps.dockerfile(f"oci:{layout}:{oci.TAG}", spec.steps)
-        if spec.start_cmd or spec.ready_cmd:
-            log("the start and ready commands are recorded, not run: sandlot templates start "
-                "from their boot snapshot (docs/e2b.md)", "warn")
         counts = {"steps": 0, "cached": 0}
         seen: set[int] = set()
 
@@ -336,17 +352,74 @@ class TemplateBuilds:
             elif text.startswith(("built", "boot and snapshot")):
                 log(f"Template {build.name}: {text}")
 
-        info = templates.build_image_template(
+        return templates.build_image_template(
             out, image_id, build.name, source=f"e2b build of {pinned.pinned}",
             settings=settings, memory_mb=build.memory_mb, cpus=build.cpus,
             force=spec.force, step=step, runtime=runtime, run=on_loop, owner=build.owner)
-        self._record(info, spec)
 
-    def _record(self, info: TemplateInfo, spec: BuildSpec) -> None:
-        """What the template's build was given, next to it (for `sandlot template` users)."""
-        path = self.settings.images / "builds" / info.hash / "e2b.json"
-        path.write_text(json.dumps({"image": spec.image, "start_cmd": spec.start_cmd,
-                                    "ready_cmd": spec.ready_cmd}))
+    async def _started(self, build: Build, spec: BuildSpec, info: TemplateInfo,
+                       before: TemplateInfo | None, deadline: float) -> None:
+        """E2B's start and ready commands: a sandbox of the new build runs the start command
+        until the ready command succeeds, and is snapshotted then; the template's sandboxes
+        restore that snapshot (the start command running, as on E2B). An unchanged rebuild
+        keeps the snapshot it made before."""
+        if (before is not None and before.hash == info.hash and before.snapshot_id
+                and (before.start_cmd, before.ready_cmd) == (spec.start_cmd, spec.ready_cmd)
+                and before.owner == info.owner and not spec.force):
+            build.log("Start command: served from the cache (its snapshot)")
+            await self.templates.put(before)
+            return
+        c = self.core
+        who = tenant_of(build.owner)
+        build.log(f"Starting a sandbox for the start command: {spec.start_cmd or '(none)'}")
+        rec = await c.sandboxes.create(CreateSandbox(template=build.name, timeout=3600),
+                                       who=who)
+        try:
+            if spec.start_cmd:
+                await c.commands.start(rec.sandbox_id, ExecRequest(
+                    cmd=spec.start_cmd, background=True, timeout=0, stdin=""), who=who)
+            if spec.ready_cmd:
+                await self._wait_ready(build, rec.sandbox_id, spec.ready_cmd, who, deadline)
+            snap = await c.sandboxes.snapshot(rec.sandbox_id, memory=True, who=who)
+            snap = await c.snapshots.wait(snap.snapshot_id, max(60.0, deadline -
+                                                                time.monotonic()), who=who)
+            if snap.state != SnapshotState.READY:
+                raise BuildError(f"the snapshot after the start command is {snap.state.value}")
+        finally:
+            with contextlib.suppress(SandlotError):
+                await c.sandboxes.kill(rec.sandbox_id, who=who)
+        info.start_cmd, info.ready_cmd = spec.start_cmd, spec.ready_cmd
+        info.snapshot_id = snap.snapshot_id
+        await self.templates.put(info)
+        build.log("Snapshotted the sandbox with its start command running")
+        if before is not None and before.snapshot_id:
+            await self._drop_snapshot(before)
+
+    async def _wait_ready(self, build: Build, sandbox_id: str, ready_cmd: str,
+                          who: Principal, deadline: float) -> None:
+        build.log(f"Waiting for the ready command: {ready_cmd}")
+        last = ""
+        while True:
+            code, out = None, []
+            async for event in self.core.commands.run(sandbox_id, ExecRequest(
+                    cmd=ready_cmd, timeout=60), who=who):
+                if isinstance(event, Output):
+                    out.append(event.data.decode(errors="replace"))
+                elif isinstance(event, Exited):
+                    code = event.exit_code
+            if code == 0:
+                build.log("The ready command succeeded")
+                return
+            last = "".join(out)[-2000:]
+            if time.monotonic() > deadline:
+                raise BuildStepError(f"the ready command {ready_cmd!r} did not succeed within "
+                                     f"the build's time limit; its last output:\n{last}")
+            await asyncio.sleep(1)
+
+    async def _drop_snapshot(self, info: TemplateInfo) -> None:
+        assert info.snapshot_id
+        with contextlib.suppress(SandlotError):
+            await self.core.snapshots.delete(info.snapshot_id, who=tenant_of(info.owner))
 
 
 def _unpack(f, target: Path) -> None:

@@ -246,6 +246,11 @@ class TemplateInfo(BaseModel):
     cmd: list[str] = Field(default_factory=list)
     # the tenant that built it through the API (None: the operator's, shared by every tenant)
     owner: str | None = None
+    # Built with a start command (E2B's set_start_cmd): it ran, its ready command succeeded,
+    # and the sandbox was snapshotted then; sandboxes of the template restore that snapshot.
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    snapshot_id: str | None = None
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from sandlot.config import Settings
@@ -200,6 +200,9 @@ class SandboxManager:
         if req.image:
             return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base", who)
+        if source.started_from:  # its start command running: the snapshot taken then
+            snap = await self.snapshots.source(source.started_from, tenant_of(source.owner))
+            return replace(snap, template=source.template)
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source

@@ -60,6 +60,7 @@ class Core:
         self.db = open_store(settings.database_url, settings.db_path)
         self.templates = TemplateStore(settings, runtime)
         self.builds = TemplateBuilds(settings, self.templates, runtime)
+        self.builds.core = self
         self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
                                         self.snapshots, self.host_id)

@@ -392,7 +392,7 @@ async def delete_template(template_id: str, request: Request) -> Response:
         snap = await c.snapshots.get(template_id, caller)
     except NotFoundError:
         if any(t.name == template_id for t in c.templates.list(caller)):
-            c.builds.delete(template_id, caller)  # a template the caller built
+            await c.builds.delete(template_id, caller)  # a template the caller built
             return Response(status_code=204)
         raise
     await c.snapshots.wait(snap.snapshot_id, 600, who=caller)
