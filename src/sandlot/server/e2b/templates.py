@@ -61,7 +61,9 @@ def _spec(body: BuildStart) -> BuildSpec:
                           "registry credentials are not supported")
     return BuildSpec(image=body.from_image, steps=steps.parse_steps(body.steps),
                      username=reg.get("username"), password=reg.get("password"),
-                     force=bool(body.force), start_cmd=body.start_cmd,
+                     force=bool(body.force) or any(isinstance(s, dict) and s.get("force")
+                                                   for s in body.steps),
+                     start_cmd=body.start_cmd,
                      ready_cmd=body.ready_cmd)
 
 
