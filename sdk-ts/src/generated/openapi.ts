@@ -1333,6 +1333,8 @@ export interface components {
             ready_cmd?: string | null;
             /** Snapshot Id */
             snapshot_id?: string | null;
+            /** Recipe */
+            recipe?: string | null;
         };
         /** TemplateList */
         TemplateList: {

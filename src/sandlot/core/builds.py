@@ -2,11 +2,14 @@
 uploads the files its COPY steps need, starts a build of a base image plus steps, and polls
 its status and logs; the result is a sandlot template of that name, owned by the tenant.
 
-A build is a Dockerfile made from the steps (images/steps.py), built by buildah with the
-uploads as its context (each step cached), then made a template like any image
-(`templates.build_image_template`, cached by image id). Builds run one at a time on this
-host, in a thread, bounded by the limits (`Limits.build_*`). Build records live in memory:
-a restart forgets the builds in progress (their templates stay once built).
+A build runs inside a sandbox, never on the host: a sandbox of the base image (pulled and
+made a template as any create from an image is, as the tenant: its registry rules, its
+limits), E2B's `user` account made in it, the steps run in it through the guest agent (RUN
+as commands, COPY as file writes of the uploads, ENV/WORKDIR/USER as the state the next step
+runs in), the start command started and the ready command awaited, then one snapshot: the
+template's sandboxes restore it. Cached whole by the pinned base image and the steps. Builds
+run one at a time on this host, bounded by the limits (`Limits.build_*`). Build records live
+in memory: a restart forgets the builds in progress (their templates stay once built).
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
-import re
+import posixpath
 import secrets
+import shlex
 import shutil
 import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +46,7 @@ from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
     BuildStepError,
+    CommandTimeoutError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -49,16 +55,14 @@ from sandlot.errors import (
     SandlotError,
 )
 from sandlot.images import oci, steps
-from sandlot.images.dockerfile import Buildah
 from sandlot.images.spec import NAME_RE
 from sandlot.runtime.base import Exited, Output, Runtime
 
 log = logging.getLogger(__name__)
 MAX_LOG_LINES = 20000
 KEPT_BUILDS = 256  # finished builds remembered (their status and logs)
-_STEP_LINE = re.compile(r"^STEP (\d+)/(\d+): ")
-_BUILDAH_NOISE = ("COMMIT", "--> ", "Getting image source", "Copying ", "Writing manifest",
-                  "Storing signatures", "subprocess exited")
+OUTPUT_TAIL = 60  # lines of a failed step's output in its error
+STEPS_VERSION = "1"  # bump when the steps run differently for the same input
 
 
 @dataclass(frozen=True)
@@ -262,35 +266,15 @@ class TemplateBuilds:
         return build
 
     async def _run(self, build: Build, spec: BuildSpec) -> None:
-        loop = asyncio.get_running_loop()
-        runtime = self.runtime
-        assert runtime is not None
-
-        def on_loop(coro):  # the boot and publish run on this server's runtime
-            return asyncio.run_coroutine_threadsafe(coro, loop).result()
-
-        def log(message: str, level: str = "info") -> None:
-            loop.call_soon_threadsafe(build.log, message, level)
-
         build.log(f"Build {build.build_id} of template {build.name} queued")
         try:
             async with self._one_at_a_time:
                 build.status = "building"
-                deadline = time.monotonic() + self.settings.limits.build_seconds
-                try:
-                    before = self.templates.get(build.name)
-                except NotFoundError:
-                    before = None
-                info = await asyncio.to_thread(self._build, build, spec, log, on_loop,
-                                               lambda _: runtime, deadline)
-                await asyncio.sleep(0)  # the thread's last log lines land first
-                if spec.start_cmd or spec.ready_cmd:
-                    await self._started(build, spec, info, before, deadline)
-            await asyncio.sleep(0)
+                await self._build(build, spec, time.monotonic()
+                                  + self.settings.limits.build_seconds)
             build.status = "ready"
             build.log(f"Template {build.name} is ready")
         except Exception as e:  # noqa: BLE001 - every failure is the build's status
-            await asyncio.sleep(0)
             message = e.message if isinstance(e, SandlotError) else f"build failed: {e}"
             if not isinstance(e, SandlotError):
                 log.error("template build %s of %s failed", build.build_id, build.name,
@@ -298,128 +282,194 @@ class TemplateBuilds:
             build.reason, build.status = message, "error"
             build.log(message, "error")
 
-    def _build(self, build: Build, spec: BuildSpec, log: Callable[..., None], on_loop,
-               runtime: Callable[[Settings], Runtime], deadline: float) -> TemplateInfo:
-        from sandlot.core import templates
-
-        settings = self.settings
-        access = oci.Access.from_env(creds=f"{spec.username}:{spec.password}"
-                                     if spec.username and spec.password else None)
-        ref = oci.parse_reference(spec.image)
-        log(f"Base image {spec.image}")
-        layout, pinned = templates._pull(ref, settings, access, log)
-        text, origin = steps.dockerfile(f"oci:{layout}:{oci.TAG}", spec.steps)
-        counts = {"steps": 0, "cached": 0}
-        seen: set[int] = set()
-
-        def output(line: str) -> None:
-            m = _STEP_LINE.match(line)
-            if m:
-                counts["steps"] += 1
-                k = int(m.group(1))
-                n = origin[k - 1] if k <= len(origin) else 0
-                if n and n not in seen:
-                    seen.add(n)
-                    s = spec.steps[n - 1]
-                    log(f"[{n}/{len(spec.steps)}] {s.kind} {' '.join(s.args)[:200]}")
-            elif "Using cache" in line:
-                counts["cached"] += 1
-            elif not line.startswith(_BUILDAH_NOISE):
-                log(line)
-
-        context = self.uploads_root / hashlib.sha256(build.owner.encode()).hexdigest()[:16]
-        context.mkdir(parents=True, exist_ok=True)
-        buildah = Buildah(settings.images / "buildah")
+    async def _build(self, build: Build, spec: BuildSpec, deadline: float) -> None:
+        """The steps run in a sandbox of the base image (as the tenant: its limits, its
+        registry rules, no host but the sandbox's own), which is then snapshotted; the
+        template's sandboxes restore that snapshot. Cached whole, by the pinned base image,
+        the steps (a COPY by its files hash) and the start and ready commands."""
+        c, who = self.core, tenant_of(build.owner)
+        access = oci.Access.from_env()
+        pinned = await asyncio.to_thread(oci.resolve, oci.parse_reference(spec.image), access)
+        key = hashlib.sha256(json.dumps({
+            "v": STEPS_VERSION, "image": pinned.pinned, "cpus": build.cpus,
+            "memory_mb": build.memory_mb, "start": spec.start_cmd, "ready": spec.ready_cmd,
+            "steps": [[s.kind, list(s.args), s.files_hash] for s in spec.steps]},
+            sort_keys=True).encode()).hexdigest()[:24]
         try:
-            image_id = buildah.build(text, context, {}, lambda _: None, output=output,
-                                     no_cache=spec.force,
-                                     timeout=max(1.0, deadline - time.monotonic()))
-        except SandlotError as e:
-            m = re.search(r"STEP (\d+)/", e.message)
-            if m and int(m.group(1)) <= len(origin) and origin[int(m.group(1)) - 1]:
-                build.reason_step = str(origin[int(m.group(1)) - 1])
-            raise
-        if counts["cached"] >= counts["steps"] - 1 and not spec.force:
-            log("Every step was cached")
-        out = buildah.push(image_id, settings.images / "oci" /
-                           ("built-" + image_id.removeprefix("sha256:")))
-        if time.monotonic() > deadline:
-            raise InvalidArgumentError("the build ran past its time limit")
-
-        def step(text: str) -> None:
-            if text.startswith("up to date"):
-                log(f"Template {build.name}: served from the cache ({text})")
-            elif text.startswith(("built", "boot and snapshot")):
-                log(f"Template {build.name}: {text}")
-
-        return templates.build_image_template(
-            out, image_id, build.name, source=f"e2b build of {pinned.pinned}",
-            settings=settings, memory_mb=build.memory_mb, cpus=build.cpus,
-            force=spec.force, step=step, runtime=runtime, run=on_loop, owner=build.owner)
-
-    async def _started(self, build: Build, spec: BuildSpec, info: TemplateInfo,
-                       before: TemplateInfo | None, deadline: float) -> None:
-        """E2B's start and ready commands: a sandbox of the new build runs the start command
-        until the ready command succeeds, and is snapshotted then; the template's sandboxes
-        restore that snapshot (the start command running, as on E2B). An unchanged rebuild
-        keeps the snapshot it made before."""
-        if (before is not None and before.hash == info.hash and before.snapshot_id
-                and (before.start_cmd, before.ready_cmd) == (spec.start_cmd, spec.ready_cmd)
-                and before.owner == info.owner and not spec.force):
-            build.log("Start command: served from the cache (its snapshot)")
-            await self.templates.put(before)
+            before: TemplateInfo | None = self.templates.get(build.name)
+        except NotFoundError:
+            before = None
+        if before is not None and before.recipe == key and before.snapshot_id \
+                and not spec.force and await self._snapshot_ready(before):
+            build.log(f"Template {build.name}: served from the cache (unchanged since "
+                      f"{before.built_at:%Y-%m-%d %H:%M:%S} UTC)")
             return
-        c = self.core
-        who = tenant_of(build.owner)
-        build.log(f"Starting a sandbox for the start command: {spec.start_cmd or '(none)'}")
-        rec = await c.sandboxes.create(CreateSandbox(template=build.name, timeout=3600),
-                                       who=who)
+        build.log(f"Base image {pinned.pinned}: starting a sandbox of it")
+        rec = await c.sandboxes.create(CreateSandbox(
+            image=pinned.pinned, memory_mb=build.memory_mb, cpus=build.cpus,
+            timeout=self.settings.limits.build_seconds), who=who)
+        sid = rec.sandbox_id
         try:
+            state = _State()
+            await self._exec(build, sid, steps.ENSURE_USER, "root", "/", {}, 0, deadline)
+            for n, step in enumerate(spec.steps, 1):
+                build.log(f"[{n}/{len(spec.steps)}] {step.kind} {' '.join(step.args)[:300]}")
+                await self._step(build, sid, step, n, state, deadline)
             if spec.start_cmd:
-                await c.commands.start(rec.sandbox_id, ExecRequest(
-                    cmd=spec.start_cmd, background=True, timeout=0, stdin=""), who=who)
+                build.log(f"Start command: {spec.start_cmd}")
+                await c.commands.start(sid, ExecRequest(
+                    cmd=spec.start_cmd, background=True, timeout=0, stdin="",
+                    user=state.user, cwd=state.cwd, env=state.env or None), who=who)
             if spec.ready_cmd:
-                await self._wait_ready(build, rec.sandbox_id, spec.ready_cmd, who, deadline)
-            snap = await c.sandboxes.snapshot(rec.sandbox_id, memory=True, who=who)
+                await self._wait_ready(build, sid, spec.ready_cmd, state, deadline)
+            build.log("Snapshotting the sandbox")
+            snap = await c.sandboxes.snapshot(sid, memory=True, who=who)
             snap = await c.snapshots.wait(snap.snapshot_id, max(60.0, deadline -
                                                                 time.monotonic()), who=who)
             if snap.state != SnapshotState.READY:
-                raise BuildError(f"the snapshot after the start command is {snap.state.value}")
+                raise BuildError(f"the template's snapshot is {snap.state.value}")
         finally:
             with contextlib.suppress(SandlotError):
-                await c.sandboxes.kill(rec.sandbox_id, who=who)
-        info.start_cmd, info.ready_cmd = spec.start_cmd, spec.ready_cmd
-        info.snapshot_id = snap.snapshot_id
+                await c.sandboxes.kill(sid, who=who)
+        base = self.templates.get(rec.template or "")
+        info = base.model_copy(update={
+            "name": build.name, "owner": build.owner, "env": {**base.env, **state.env},
+            "workdir": state.cwd, "user": None if state.user == "root" else state.user,
+            "image": pinned.pinned, "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd,
+            "snapshot_id": snap.snapshot_id, "recipe": key, "built_at": now(),
+            "memory_mb": build.memory_mb, "cpus": build.cpus})
         await self.templates.put(info)
-        build.log("Snapshotted the sandbox with its start command running")
         if before is not None and before.snapshot_id:
             await self._drop_snapshot(before)
 
-    async def _wait_ready(self, build: Build, sandbox_id: str, ready_cmd: str,
-                          who: Principal, deadline: float) -> None:
-        build.log(f"Waiting for the ready command: {ready_cmd}")
-        last = ""
-        while True:
-            code, out = None, []
-            async for event in self.core.commands.run(sandbox_id, ExecRequest(
-                    cmd=ready_cmd, timeout=60), who=who):
+    async def _snapshot_ready(self, info: TemplateInfo) -> bool:
+        try:
+            snap = await self.core.snapshots.get(info.snapshot_id, tenant_of(info.owner))
+        except NotFoundError:
+            return False
+        return snap.state == SnapshotState.READY
+
+    async def _step(self, build: Build, sid: str, step: steps.Step, n: int, state: _State,
+                    deadline: float) -> None:
+        a = step.args
+        if step.kind == "RUN":
+            await self._exec(build, sid, a[0], a[1] if len(a) > 1 and a[1] else state.user,
+                             state.cwd, state.env, n, deadline)
+        elif step.kind == "ENV":
+            state.env.update(zip(a[::2], a[1::2], strict=True))
+        elif step.kind == "USER":
+            state.user = a[0].split(":", 1)[0]
+        elif step.kind == "WORKDIR":
+            path = posixpath.join(state.cwd, a[0])
+            await self._exec(build, sid, f"mkdir -p {shlex.quote(path)} && chown "
+                             f"{shlex.quote(state.user)} {shlex.quote(path)}", "root", "/", {},
+                             n, deadline)
+            state.cwd = path
+        elif step.kind == "COPY":
+            await self._copy(build, sid, step, n, state, deadline)
+
+    async def _copy(self, build: Build, sid: str, step: steps.Step, n: int, state: _State,
+                    deadline: float) -> None:
+        """A COPY: the uploaded files matching its source, written into the sandbox (a
+        folder's contents under the destination, as Docker copies), owned by its user (the
+        current one by default), with its mode."""
+        a = step.args
+        root = self._upload_dir(build.owner, step.files_hash or "")
+        src = a[0].removeprefix("./").rstrip("/") or "."
+        matches = sorted(root.glob(src)) if any(ch in src for ch in "*?[") else [root / src]
+        matches = [m for m in matches if m.exists() or m.is_symlink()]
+        if not matches:
+            raise BuildStepError(f"step {n} (COPY): {a[0]!r} matched no uploaded file")
+        dest = posixpath.join(state.cwd, a[1])
+        into = a[1].endswith("/") or len(matches) > 1 or matches[0].is_dir()
+        owner = (a[2] if len(a) > 2 and a[2] else state.user).split(":", 1)[0]
+        written: list[str] = []
+        for m in matches:
+            files = sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else [m]
+            for f in files:
+                rel = f.relative_to(m) if m.is_dir() else Path(m.name)
+                target = posixpath.join(dest, str(rel)) if into else dest
+                await self.core.files.write(sid, target, _chunks(f), user=owner,
+                                            who=tenant_of(build.owner))
+                written.append(target)
+        if len(a) > 3 and a[3]:
+            await self._exec(build, sid, f"chmod {a[3]} " + " ".join(
+                shlex.quote(w) for w in written), "root", "/", {}, n, deadline)
+        build.log(f"copied {len(written)} file(s) to {dest}")
+
+    async def _exec(self, build: Build, sid: str, cmd: str, user: str, cwd: str,
+                    env: dict[str, str], n: int, deadline: float, quiet: bool = False
+                    ) -> int:
+        """Run a build command in the sandbox, its output in the logs; BuildStepError for a
+        non-zero exit (unless `quiet`: the exit code)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BuildStepError("the build ran past its time limit "
+                                 f"({self.settings.limits.build_seconds} s)")
+        tail: list[str] = []
+        pending = ""
+        code = None
+        shell = f"if [ -x /bin/bash ]; then exec /bin/bash -c {shlex.quote(cmd)}; fi; " \
+                f"exec /bin/sh -c {shlex.quote(cmd)}"
+        try:
+            async for event in self.core.commands.run(sid, ExecRequest(
+                    cmd=shell, user=user, cwd=cwd, env=env or None, timeout=left, stdin=""),
+                    who=tenant_of(build.owner)):
                 if isinstance(event, Output):
-                    out.append(event.data.decode(errors="replace"))
+                    pending += event.data.decode(errors="replace")
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        tail = (tail + [line])[-OUTPUT_TAIL:]
+                        if not quiet:
+                            build.log(line, "error" if event.stream == "stderr" else "info")
                 elif isinstance(event, Exited):
                     code = event.exit_code
-            if code == 0:
+        except CommandTimeoutError:
+            raise BuildStepError(f"step {n} ran past the build's time limit") from None
+        if pending:
+            tail = (tail + [pending])[-OUTPUT_TAIL:]
+            if not quiet:
+                build.log(pending)
+        if code and not quiet:
+            if n:
+                build.reason_step = str(n)
+            what = f"step {n}" if n else "making the user account"
+            raise BuildStepError(f"{what} failed (exit {code}): {cmd[:200]}\n"
+                                 + "\n".join(tail).strip())
+        return code or 0
+
+    async def _wait_ready(self, build: Build, sid: str, ready_cmd: str, state: _State,
+                          deadline: float) -> None:
+        build.log(f"Waiting for the ready command: {ready_cmd}")
+        while True:
+            if await self._exec(build, sid, ready_cmd, state.user, state.cwd, state.env, 0,
+                                deadline, quiet=True) == 0:
                 build.log("The ready command succeeded")
                 return
-            last = "".join(out)[-2000:]
             if time.monotonic() > deadline:
                 raise BuildStepError(f"the ready command {ready_cmd!r} did not succeed within "
-                                     f"the build's time limit; its last output:\n{last}")
+                                     "the build's time limit")
             await asyncio.sleep(1)
 
     async def _drop_snapshot(self, info: TemplateInfo) -> None:
         assert info.snapshot_id
         with contextlib.suppress(SandlotError):
             await self.core.snapshots.delete(info.snapshot_id, who=tenant_of(info.owner))
+
+
+@dataclass
+class _State:
+    """Where the steps are: the user and folder the next one runs as and in, the envs."""
+
+    user: str = steps.DEFAULT_USER
+    cwd: str = steps.DEFAULT_WORKDIR
+    env: dict[str, str] = field(default_factory=dict)
+
+
+async def _chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, 1 << 20):
+            yield chunk
 
 
 def _unpack(f, target: Path) -> None:

@@ -200,9 +200,10 @@ class SandboxManager:
         if req.image:
             return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base", who)
-        if source.started_from:  # its start command running: the snapshot taken then
+        if source.started_from:  # built through the API: the snapshot its build took
             snap = await self.snapshots.source(source.started_from, tenant_of(source.owner))
-            return replace(snap, template=source.template)
+            return replace(snap, template=source.template, env=source.env,
+                           workdir=source.workdir, user=source.user)
         if source.template in self.settings.pool_templates:
             self.runtime.keep_warm({source.template: source.image})  # a rebuild retargets it
         return source

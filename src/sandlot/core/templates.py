@@ -277,7 +277,6 @@ class _Recipe:
     cpus: int
     env: dict[str, str] = field(default_factory=dict)
     record: str = ""  # what the build dir keeps of its input (spec.json)
-    owner: str | None = None  # the tenant a template built through the API belongs to
 
 
 def build_template(spec_or_name: str, data_dir: Path | None = None, force: bool = False,
@@ -348,7 +347,6 @@ def _build(recipe: _Recipe, settings: Settings, *, force: bool, quiet: bool,
             (build / "spec.json").write_text(recipe.record)
             done.write_text(info.model_dump_json(indent=2))
             step(f"built ({digest}, boot {boot_ms / 1000:.1f}s)")
-        info.owner = recipe.owner
         run(runtime(settings).publish_template(image_of(info), info.model_dump(mode="json")))
         store.index.mkdir(parents=True, exist_ok=True)
         tmp = store.index / f"{recipe.name}.json.tmp"
@@ -362,12 +360,10 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
                          disk_mb: int | None = None, force: bool = False, quiet: bool = False,
                          step: Step | None = None,
                          runtime: Callable[[Settings], Runtime] = _qemu_runtime,
-                         run: Callable[[Coroutine], Any] = asyncio.run,
-                         owner: str | None = None) -> TemplateInfo:
+                         run: Callable[[Coroutine], Any] = asyncio.run) -> TemplateInfo:
     """A template from the OCI image in `layout` (identified by `digest`, e.g. its manifest
     digest): its filesystem with sandlot's guest files, booted once and captured. `source`
-    is what the template says it came from (the pinned reference, or the Dockerfile);
-    `owner` the tenant it belongs to (None: shared)."""
+    is what the template says it came from (the pinned reference, or the Dockerfile)."""
     key = _image_key(digest, memory_mb, cpus, disk_mb)
 
     def content(guest_files: GuestFiles) -> str:
@@ -380,7 +376,7 @@ def build_image_template(layout: Path, digest: str, name: str, *, source: str,
                 "entrypoint": config.entrypoint, "cmd": config.cmd, "image": source}
 
     recipe = _Recipe(name=name, content=content, make_rootfs=make_rootfs,
-                     memory_mb=memory_mb, cpus=cpus, record=key, owner=owner)
+                     memory_mb=memory_mb, cpus=cpus, record=key)
     return _build(recipe, settings, force=force, quiet=quiet, runtime=runtime, step=step,
                   run=run)
 

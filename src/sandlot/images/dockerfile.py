@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,19 +160,15 @@ class Buildah:
                 str(self.root / f"run-{self.driver}"), "--storage-driver", self.driver]
 
     def build(self, dockerfile: str, context: Path, build_args: dict[str, str],
-              step: Callable[[str], None], *, output: Callable[[str], None] | None = None,
-              no_cache: bool = False, timeout: float | None = None) -> str:
+              step: Callable[[str], None]) -> str:
         """Build; the image id (``sha256:...``). BuildStepError names a failed step and ends
-        with its output. `output` sees every line buildah writes; past `timeout` seconds the
-        build is stopped (BuildStepError)."""
+        with its output."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "Dockerfile"
             path.write_text(dockerfile)
             iid = Path(tmp) / "iid"
             cmd = [*self._base(), "bud", "--isolation", "chroot", "--layers",
                    "--pull-never", "--format", "oci", "--iidfile", str(iid), "-f", str(path)]
-            if no_cache:
-                cmd.append("--no-cache")
             for key, value in build_args.items():
                 cmd += ["--build-arg", f"{key}={value}"]
             cmd.append(str(context))
@@ -182,19 +177,8 @@ class Buildah:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace")
             assert proc.stdout is not None
-            expired = threading.Event()
-
-            def stop() -> None:
-                expired.set()
-                proc.kill()
-
-            timer = threading.Timer(timeout, stop) if timeout else None
-            if timer:
-                timer.start()
             for line in proc.stdout:
                 line = line.rstrip("\n")
-                if output:
-                    output(line)
                 m = _STEP.match(line)
                 if m:
                     current = line
@@ -205,15 +189,10 @@ class Buildah:
                 else:
                     tail.append(line)
             code = proc.wait()
-            if timer:
-                timer.cancel()
-            if expired.is_set():
-                raise BuildStepError(f"the build ran past its time limit ({timeout:.0f} s) "
-                                     f"in {current or 'its first step'}")
             if code:
-                text = "\n".join(tail).strip()
+                output = "\n".join(tail).strip()
                 raise BuildStepError(f"Dockerfile {current or 'build'} failed (exit {code}):"
-                                     f"\n{text}")
+                                     f"\n{output}")
             return iid.read_text().strip()
 
     def push(self, image_id: str, layout: Path) -> Path:

@@ -1,15 +1,14 @@
-"""Template build steps (E2B's step list: COPY, ENV, RUN, WORKDIR, USER) as a Dockerfile for
-buildah (images/dockerfile.py), on a base given as ``oci:<layout>:img``.
+"""Template build steps as E2B's SDKs send them (COPY, ENV, RUN, WORKDIR, USER), checked;
+core/builds.py runs them in a sandbox of the base image.
 
 Every template gets E2B's `user` account (home /home/user, passwordless sudo where sudo is
-installed) before its steps, and the steps run as `user` in /home/user unless they say
-otherwise, as on E2B. A COPY's files are the upload of its files hash, unpacked under
-``<context>/<hash>/`` (the uploaded tar holds paths relative to the client's context).
+installed) before its steps (`ENSURE_USER`, run as root), and the steps run as `user` in
+/home/user unless they say otherwise, as on E2B. A COPY's files are the upload of its files
+hash (a tar of paths relative to the client's context).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -38,8 +37,6 @@ mkdir -p /home/user && chown user /home/user
 if [ -d /etc/sudoers.d ]; then
   echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user && chmod 440 /etc/sudoers.d/user
 fi"""
-# A RUN step: bash when the image has it (as E2B runs them), else sh.
-RUN_SHELL = 'if [ -x /bin/bash ]; then exec /bin/bash -c "$1"; fi; exec /bin/sh -c "$1"'
 
 
 @dataclass(frozen=True)
@@ -113,51 +110,3 @@ def _check(step: Step, n: int) -> None:
             raise InvalidArgumentError(f"{where}: invalid mode {a[3][:8]!r}")
         if not step.files_hash or not HASH_RE.fullmatch(step.files_hash):
             raise InvalidArgumentError(f"{where}: filesHash is missing or invalid")
-
-
-def _env_value(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
-    return f'"{escaped}"'
-
-
-def dockerfile(base: str, steps: list[Step]) -> tuple[str, list[int]]:
-    """The Dockerfile of `steps` on `base` (a FROM argument), and for each of its
-    instructions the step it comes from (1-based; 0: sandlot's own)."""
-    lines = [f"FROM {base}", "USER root",
-             "RUN " + json.dumps(["/bin/sh", "-c", ENSURE_USER]),
-             f"USER {DEFAULT_USER}", f"WORKDIR {DEFAULT_WORKDIR}"]
-    origin = [0] * len(lines)
-    user = DEFAULT_USER
-    for n, step in enumerate(steps, 1):
-        origin += [n] * (_emit(step, user, lines))
-        if step.kind == "USER":
-            user = step.args[0]
-    return "\n".join(lines) + "\n", origin
-
-
-def _emit(step: Step, user: str, lines: list[str]) -> int:
-    """Append the instructions of `step` (run as `user` by default); how many."""
-    before = len(lines)
-    a = step.args
-    if step.kind == "RUN":
-        run = "RUN " + json.dumps(["/bin/sh", "-c", RUN_SHELL, "run", a[0]])
-        if len(a) == 2 and a[1] and a[1] != user:
-            lines += [f"USER {a[1]}", run, f"USER {user}"]
-        else:
-            lines.append(run)
-    elif step.kind == "ENV":
-        lines.append("ENV " + " ".join(f"{k}={_env_value(v)}"
-                                       for k, v in zip(a[::2], a[1::2], strict=True)))
-    elif step.kind == "WORKDIR":
-        lines.append(f"WORKDIR {a[0]}")
-    elif step.kind == "USER":
-        lines.append(f"USER {a[0]}")
-    elif step.kind == "COPY":
-        flags = []
-        if len(a) > 2 and a[2]:
-            flags.append(f"--chown={a[2]}")
-        if len(a) > 3 and a[3]:
-            flags.append(f"--chmod={a[3]}")
-        src = f"{step.files_hash}/{a[0].removeprefix('./')}"
-        lines.append(" ".join(["COPY", *flags, json.dumps([src, a[1]])]))
-    return len(lines) - before
