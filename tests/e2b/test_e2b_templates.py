@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,20 @@ def test_a_rebuild_is_served_from_the_cache(e2b, dockerfile_template):
                    **e2b["opts"])
     text = "\n".join(logs)
     assert "served from the cache" in text and "[1/" not in text  # no step ran again
+
+    # in the background, polled as a harness polls it
+    info = Template.build_in_background(dockerfile_template["template"], "e2b-dockerfile",
+                                        cpu_count=1, memory_mb=512, **e2b["opts"])
+    seen, offset = [], 0
+    for _ in range(600):
+        status = Template.get_build_status(info, logs_offset=offset, **e2b["opts"])
+        offset += len(status.log_entries)
+        seen += [e.message for e in status.log_entries]
+        if status.status.value in ("ready", "error"):
+            break
+        time.sleep(0.5)
+    assert status.status.value == "ready", seen
+    assert any("served from the cache" in m for m in seen)
 
 
 def test_exists_and_another_tenant(e2b, dockerfile_template):

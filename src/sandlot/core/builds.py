@@ -71,8 +71,6 @@ class BuildSpec:
 
     image: str
     steps: list[steps.Step]
-    username: str | None = None  # registry credentials for the base image
-    password: str | None = None
     force: bool = False  # rebuild every step
     start_cmd: str | None = None
     ready_cmd: str | None = None

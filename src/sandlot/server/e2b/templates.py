@@ -55,12 +55,12 @@ def _spec(body: BuildStart) -> BuildSpec:
                           "or from_dockerfile()); from_template() is not supported")
     if not body.from_image:
         raise InvalidArgumentError("fromImage is required")
-    reg = body.from_image_registry or {}
-    if reg and reg.get("type") not in (None, "registry"):
-        raise Unsupported(f"sandlot pulls from registries it is given; {reg.get('type')!r} "
-                          "registry credentials are not supported")
+    if body.from_image_registry:
+        kind = str(body.from_image_registry.get("type") or "registry")[:32]
+        raise Unsupported(f"sandlot pulls with the server's registry credentials (set by its "
+                          f"operator); {kind!r} credentials given with a build are not "
+                          "supported")
     return BuildSpec(image=body.from_image, steps=steps.parse_steps(body.steps),
-                     username=reg.get("username"), password=reg.get("password"),
                      force=bool(body.force) or any(isinstance(s, dict) and s.get("force")
                                                    for s in body.steps),
                      start_cmd=body.start_cmd,
