@@ -138,3 +138,15 @@ async def test_another_tenants_template_is_not_theirs(api) -> None:
     assert (await call("DELETE", "/templates/base")).status_code == 403
     assert (await call("DELETE", "/templates/a-env")).status_code == 204
     assert (await call("GET", "/templates/aliases/a-env")).status_code == 404
+
+
+async def test_requested_builds_are_bounded(api) -> None:
+    srv, call, client = api
+    from sandlot.core.builds import MAX_UNSTARTED
+
+    for _ in range(MAX_UNSTARTED):
+        assert (await call("POST", "/v3/templates", json={"name": "many"})).status_code == 202
+    r = await call("POST", "/v3/templates", json={"name": "many"})
+    assert r.status_code == 409 and "not started" in r.json()["message"]
+    assert (await call("POST", "/v3/templates", who="b", json={"name": "theirs"})
+            ).status_code == 202  # another tenant's bound is its own

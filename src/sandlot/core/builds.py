@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,8 @@ from sandlot.runtime.base import Exited, Output, Runtime
 log = logging.getLogger(__name__)
 MAX_LOG_LINES = 20000
 KEPT_BUILDS = 256  # finished builds remembered (their status and logs)
+MAX_UNSTARTED = 32  # builds a tenant requested and has not started
+UNSTARTED_TTL = 3600  # s: a requested build not started by then is forgotten
 OUTPUT_TAIL = 60  # lines of a failed step's output in its error
 STEPS_VERSION = "1"  # bump when the steps run differently for the same input
 
@@ -170,14 +172,23 @@ class TemplateBuilds:
             raise ConflictError(f"{len(running)} builds of yours are running; at most "
                                 f"{lim.key_builds} at once")
         self._forget_old()
+        if sum(1 for b in self._builds.values()
+               if b.owner == who.tenant and b.task is None) >= MAX_UNSTARTED:
+            raise ConflictError(f"{MAX_UNSTARTED} builds of yours were requested and not "
+                                "started; start them or wait an hour")
         build = Build(build_id=str(uuid.uuid4()), name=base, owner=who.tenant, cpus=cpus,
                       memory_mb=memory_mb, tags=tags or ["default"])
         self._builds[build.build_id] = build
         return build
 
     def _forget_old(self) -> None:
+        """Finished builds past the last KEPT_BUILDS, and builds never started within
+        UNSTARTED_TTL seconds."""
         done = [b for b in self._builds.values() if b.status in ("ready", "error")]
         for b in done[:max(0, len(done) - KEPT_BUILDS)]:
+            self._builds.pop(b.build_id, None)
+        stale = now() - timedelta(seconds=UNSTARTED_TTL)
+        for b in [b for b in self._builds.values() if b.task is None and b.created_at < stale]:
             self._builds.pop(b.build_id, None)
 
     def get(self, name: str, build_id: str, who: Principal) -> Build:
