@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from e2b import CommandExitException, Sandbox, Template, wait_for_file
 from e2b.exceptions import BuildException
@@ -28,12 +29,31 @@ def tenant_key(srv, tenant: str) -> str:
     return out.stdout.strip()
 
 
+BUILT = ("e2b-dockerfile", "e2b-steps", "e2b-started", "task-csv-sum")
+
+
 @pytest.fixture(scope="module")
 def e2b(server, oci_images):
-    """What a harness sets: the API and sandbox URLs and a (tenant's) key."""
+    """What a harness sets: the API and sandbox URLs and a (tenant's) key. The templates the
+    tests built are deleted after them (the images dir is shared)."""
     opts = {"api_url": f"{server.url}/e2b", "sandbox_url": f"{server.url}/e2b/envd",
             "api_key": tenant_key(server, "builders")}
-    return {"opts": opts, "image": oci_images["debian"], "server": server}
+    yield {"opts": opts, "image": oci_images["debian"], "server": server}
+    for name in BUILT:
+        httpx.delete(f"{opts['api_url']}/templates/{name}",
+                     headers={"X-API-KEY": opts["api_key"]})
+
+
+def test_delete(e2b, dockerfile_template):
+    """A tenant deletes its template (and the snapshot its sandboxes restore)."""
+    Template.build(Template().from_image(e2b["image"]).run_cmd("true"), "e2b-deleted",
+                   cpu_count=1, memory_mb=512, **e2b["opts"])
+    headers = {"X-API-KEY": e2b["opts"]["api_key"]}
+    r = httpx.delete(f"{e2b['opts']['api_url']}/templates/e2b-deleted", headers=headers)
+    assert r.status_code == 204, r.text
+    assert Template.exists("e2b-deleted", **e2b["opts"]) is False
+    r = httpx.delete(f"{e2b['opts']['api_url']}/templates/e2b-deleted", headers=headers)
+    assert r.status_code == 404 and set(r.json()) == {"code", "message"}
 
 
 @pytest.fixture(scope="module")
