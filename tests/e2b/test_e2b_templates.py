@@ -29,7 +29,8 @@ def tenant_key(srv, tenant: str) -> str:
     return out.stdout.strip()
 
 
-BUILT = ("e2b-dockerfile", "e2b-steps", "e2b-started", "task-csv-sum")
+BUILT = ("e2b-layered", "e2b-on-base", "e2b-dockerfile", "e2b-steps", "e2b-started",
+         "task-csv-sum")
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +135,20 @@ def test_step_builder(e2b, tmp_path):
     with Sandbox.create("e2b-steps", timeout=300, **e2b["opts"]) as sbx:
         assert sbx.files.read("/home/user/work/made.txt") == "steps\nA"
         assert sbx.commands.run("test -f /etc/made-by-root && echo $STAGE").stdout == "steps\n"
+
+
+def test_from_the_base_image_and_from_a_template(e2b, dockerfile_template):
+    """E2B's base image is sandlot's `base` template; a template builds on another."""
+    Template.build(Template().from_base_image().run_cmd("python --version > on-base.txt"),
+                   "e2b-on-base", cpu_count=1, memory_mb=512, **e2b["opts"])
+    layered = (Template().from_template("e2b-dockerfile")
+               .run_cmd("cp /opt/app/hello.txt /home/user/copied.txt"))
+    Template.build(layered, "e2b-layered", cpu_count=1, memory_mb=512, **e2b["opts"])
+    with Sandbox.create("e2b-on-base", timeout=300, **e2b["opts"]) as sbx:
+        assert sbx.files.read("/home/user/on-base.txt").startswith("Python 3")
+    with Sandbox.create("e2b-layered", timeout=300, **e2b["opts"]) as sbx:
+        assert sbx.files.read("/home/user/copied.txt") == "hello from the context\n"
+        assert sbx.commands.run("echo $APP_MODE").stdout == "test\n"  # the parent's env
 
 
 def test_a_failing_step_reports_its_output(e2b):

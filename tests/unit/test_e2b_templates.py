@@ -88,8 +88,9 @@ async def test_bad_build_requests_answer_e2b_4xx(api) -> None:
     start = f"/v2{build}"
     for body, status, words in (
             ({"fromImage": "x", "steps": [{"type": "ADD", "args": []}]}, 400, "unknown type"),
-            ({"fromTemplate": "base", "steps": []}, 501, "from_template"),
-            ({"steps": []}, 400, "fromImage"),
+            ({"fromTemplate": "nothing", "steps": []}, 404, "not found"),
+            ({"fromTemplate": "t", "steps": []}, 400, "itself"),
+            ({"steps": []}, 400, "fromImage or fromTemplate"),
             ({"fromImage": "NOT a ref", "steps": []}, 400, "reference"),
             ({"fromImage": "x", "steps": [{"type": "COPY", "args": ["a", "/a"],
                                            "filesHash": HASH}]}, 400, "not uploaded"),

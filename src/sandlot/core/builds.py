@@ -69,10 +69,12 @@ STEPS_VERSION = "1"  # bump when the steps run differently for the same input
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """What a build makes: a base image (a reference) and steps on it."""
+    """What a build makes: a base (an image reference, or a template the builder may use)
+    and steps on it."""
 
-    image: str
+    image: str | None
     steps: list[steps.Step]
+    template: str | None = None
     force: bool = False  # rebuild every step
     start_cmd: str | None = None
     ready_cmd: str | None = None
@@ -259,7 +261,8 @@ class TemplateBuilds:
 
     # ---- builds -----------------------------------------------------------------------
 
-    def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal) -> Build:
+    async def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal
+                    ) -> Build:
         """Start a requested build in the background."""
         build = self.get(name, build_id, who)
         if build.task is not None:
@@ -270,7 +273,12 @@ class TemplateBuilds:
             raise InvalidArgumentError(f"the files of hash {missing[0]} were not uploaded")
         if self.runtime is None:
             raise InvalidArgumentError("this server cannot build templates")
-        oci.parse_reference(spec.image)  # a bad reference: 400 now, not a failed build
+        if spec.template:
+            if spec.template.partition(":")[0] == build.name:
+                raise InvalidArgumentError("a template cannot be built from itself")
+            await self.templates.info(spec.template.partition(":")[0], tenant_of(build.owner))
+        else:  # a bad reference: 400 now, not a failed build
+            oci.parse_reference(spec.image or "")
         build.task = asyncio.create_task(self._run(build, spec))
         return build
 
@@ -297,10 +305,19 @@ class TemplateBuilds:
         template's sandboxes restore that snapshot. Cached whole, by the pinned base image,
         the steps (a COPY by its files hash) and the start and ready commands."""
         c, who = self.core, tenant_of(build.owner)
-        access = oci.Access.from_env()
-        pinned = await asyncio.to_thread(oci.resolve, oci.parse_reference(spec.image), access)
+        if spec.template:  # built on a template: its build (and snapshot) is the base
+            parent = await self.templates.info(spec.template.partition(":")[0], who)
+            origin = f"template {parent.name}"
+            base_id = f"{origin} {parent.hash} {parent.snapshot_id}"
+            create = CreateSandbox(template=parent.name)
+        else:
+            access = oci.Access.from_env()
+            pinned = await asyncio.to_thread(oci.resolve,
+                                             oci.parse_reference(spec.image or ""), access)
+            origin = base_id = pinned.pinned
+            create = CreateSandbox(image=pinned.pinned)
         key = hashlib.sha256(json.dumps({
-            "v": STEPS_VERSION, "image": pinned.pinned, "cpus": build.cpus,
+            "v": STEPS_VERSION, "base": base_id, "cpus": build.cpus,
             "memory_mb": build.memory_mb, "start": spec.start_cmd, "ready": spec.ready_cmd,
             "steps": [[s.kind, list(s.args), s.files_hash] for s in spec.steps]},
             sort_keys=True).encode()).hexdigest()[:24]
@@ -313,10 +330,10 @@ class TemplateBuilds:
             build.log(f"Template {build.name}: served from the cache (unchanged since "
                       f"{before.built_at:%Y-%m-%d %H:%M:%S} UTC)")
             return
-        build.log(f"Base image {pinned.pinned}: starting a sandbox of it")
-        rec = await c.sandboxes.create(CreateSandbox(
-            image=pinned.pinned, memory_mb=build.memory_mb, cpus=build.cpus,
-            timeout=self.settings.limits.build_seconds), who=who)
+        build.log(f"Base {origin}: starting a sandbox of it")
+        rec = await c.sandboxes.create(create.model_copy(update={
+            "memory_mb": build.memory_mb, "cpus": build.cpus,
+            "timeout": self.settings.limits.build_seconds}), who=who)
         sid = rec.sandbox_id
         try:
             state = _State()
@@ -344,7 +361,7 @@ class TemplateBuilds:
         info = base.model_copy(update={
             "name": build.name, "owner": build.owner, "env": {**base.env, **state.env},
             "workdir": state.cwd, "user": None if state.user == "root" else state.user,
-            "image": pinned.pinned, "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd,
+            "image": origin, "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd,
             "snapshot_id": snap.snapshot_id, "recipe": key, "built_at": now(),
             "memory_mb": build.memory_mb, "cpus": build.cpus})
         await self.templates.put(info)

@@ -49,18 +49,23 @@ class BuildStart(Body):
     ready_cmd: str | None = Field(None, alias="readyCmd")
 
 
+E2B_BASE = ("e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base",
+            "docker.io/e2bdev/base:latest")
+
+
 def _spec(body: BuildStart) -> BuildSpec:
-    if body.from_template:
-        raise Unsupported("sandlot builds templates from an image (Template().from_image() "
-                          "or from_dockerfile()); from_template() is not supported")
-    if not body.from_image:
-        raise InvalidArgumentError("fromImage is required")
+    template = body.from_template
+    image = body.from_image
+    if not template and image in E2B_BASE:
+        template, image = "base", None  # E2B's base image: sandlot's default template
+    if not template and not image:
+        raise InvalidArgumentError("fromImage or fromTemplate is required")
     if body.from_image_registry:
         kind = str(body.from_image_registry.get("type") or "registry")[:32]
         raise Unsupported(f"sandlot pulls with the server's registry credentials (set by its "
                           f"operator); {kind!r} credentials given with a build are not "
                           "supported")
-    return BuildSpec(image=body.from_image, steps=steps.parse_steps(body.steps),
+    return BuildSpec(image=image, template=template, steps=steps.parse_steps(body.steps),
                      force=bool(body.force) or any(isinstance(s, dict) and s.get("force")
                                                    for s in body.steps),
                      start_cmd=body.start_cmd,
@@ -105,7 +110,7 @@ async def upload(token: str, request: Request) -> Response:
 @router.post("/v2/templates/{template_id}/builds/{build_id}")
 async def start_build(template_id: str, build_id: str, body: BuildStart,
                       request: Request) -> Response:
-    core(request).builds.start(template_id, build_id, _spec(body), who(request))
+    await core(request).builds.start(template_id, build_id, _spec(body), who(request))
     return Response(status_code=202)
 
 
