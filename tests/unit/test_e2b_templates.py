@@ -151,3 +151,24 @@ async def test_requested_builds_are_bounded(api) -> None:
     assert r.status_code == 409 and "not started" in r.json()["message"]
     assert (await call("POST", "/v3/templates", who="b", json={"name": "theirs"})
             ).status_code == 202  # another tenant's bound is its own
+
+
+async def test_odd_names_answer_4xx(api) -> None:
+    import urllib.parse
+
+    srv, call, client = api
+    for bad in (" ", "A" * 300, "a/../b", "ünïcode", "x\x00y", ":tag",
+                "a" * 64 + ":" + "b" * 200, "%2e%2e"):
+        q = urllib.parse.quote(bad, safe="")
+        for method, path in (("GET", f"/templates/aliases/{q}"),
+                             ("GET", f"/templates/{q}/files/{q}"),
+                             ("GET", f"/templates/{q}/builds/{q}/status"),
+                             ("POST", f"/v2/templates/{q}/builds/{q}"),
+                             ("DELETE", f"/templates/{q}"),
+                             ("PUT", f"/template-uploads/{q}")):
+            r = await (call(method, path, json={"fromImage": "x"}) if method == "POST"
+                       else call(method, path))
+            assert 400 <= r.status_code < 500 or r.status_code == 501, (method, bad, r.text)
+            assert set(r.json()) == {"code", "message"}
+        r = await call("POST", "/v3/templates", json={"name": bad})
+        assert r.status_code in (400, 403), (bad, r.text)
