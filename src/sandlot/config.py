@@ -109,6 +109,14 @@ class Limits:
     key_sandboxes: int = 0  # sandboxes running or starting
     key_ports: int = 256  # ports exposed
     key_streams: int = 512  # streams open
+    # Template builds through the API (core/builds.py): each build's VM and time, and the
+    # builds one key's tenant may run at once (queued one at a time on a host).
+    build_cpus: int = 4
+    build_memory_mb: int = 8192
+    build_disk_mb: int = 32768  # the free disk a build may ask for (minFreeDiskMb)
+    build_seconds: int = 3600
+    build_upload_bytes: int = 1 << 30  # one COPY's files, as uploaded
+    key_builds: int = 2
 
     @classmethod
     def from_env(cls) -> Limits:

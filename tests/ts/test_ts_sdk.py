@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandlot import Sandbox, Snapshot
@@ -108,6 +109,20 @@ def test_e2b_js_package(server, suite: str) -> None:
                     E2B_API_KEY=server.key)
     _node_test([suite], E2B_JS, env)
     assert _listed(server)[0] == before[0], "the e2b tests left sandboxes"
+
+
+def test_e2b_js_template_builds(server, oci_images) -> None:
+    """The unmodified `e2b` npm package's Template builder (e2b-templates.test.mjs): a build
+    with a copy and a run, a sandbox of it, exists, a failing step."""
+    if not (E2B_JS / "node_modules" / "e2b").is_dir():
+        pytest.fail("tests/ts/e2b-js/node_modules is missing: run `make setup`")
+    env = _node_env(E2B_API_URL=f"{server.url}/e2b", E2B_SANDBOX_URL=f"{server.url}/e2b/envd",
+                    E2B_API_KEY=server.key, E2B_TEST_IMAGE=oci_images["debian"])
+    try:
+        _node_test(["e2b-templates.test.mjs"], E2B_JS, env)
+    finally:  # the images dir is shared: the template goes with its test
+        httpx.delete(f"{server.url}/e2b/templates/e2b-js-template",
+                     headers={"X-API-KEY": server.key})
 
 
 def _listed(server) -> tuple[set[str], set[str]]:

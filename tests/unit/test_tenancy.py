@@ -28,6 +28,9 @@ UNSCOPED = {
     ("GET", "/health"), ("GET", "/e2b/envd/health"),
     ("GET", "/v1/events"),  # the caller's own changes (tests/unit/test_events.py)
     ("GET", "/console"), ("GET", "/console/{path:path}"),  # static files, no data
+    # template builds' names and uploads: tests/unit/test_e2b_templates.py
+    ("POST", "/e2b/v3/templates"), ("GET", "/e2b/templates/aliases/{alias}"),
+    ("PUT", "/e2b/template-uploads/{token}"),
 }
 # A body each route with an object accepts, so the answer is about the object, not the body.
 BODIES = {

@@ -1327,6 +1327,14 @@ export interface components {
             cmd?: string[];
             /** Owner */
             owner?: string | null;
+            /** Start Cmd */
+            start_cmd?: string | null;
+            /** Ready Cmd */
+            ready_cmd?: string | null;
+            /** Snapshot Id */
+            snapshot_id?: string | null;
+            /** Recipe */
+            recipe?: string | null;
         };
         /** TemplateList */
         TemplateList: {

@@ -246,6 +246,14 @@ class TemplateInfo(BaseModel):
     cmd: list[str] = Field(default_factory=list)
     # the tenant that built it through the API (None: the operator's, shared by every tenant)
     owner: str | None = None
+    # Built through the API (core/builds.py): its steps ran in a sandbox of the base image,
+    # its start command was started and its ready command succeeded, and the sandbox was
+    # snapshotted then; sandboxes of the template restore that snapshot. `recipe`: the hash
+    # of what it was built from (an unchanged rebuild keeps it).
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    snapshot_id: str | None = None
+    recipe: str | None = None
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

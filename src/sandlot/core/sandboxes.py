@@ -10,7 +10,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from sandlot.config import Settings
@@ -193,6 +193,10 @@ class SandboxManager:
         if req.image:
             return await self.templates.image_source(req.image)
         source = await self.templates.source(req.template or "base", who)
+        if source.started_from:  # built through the API: the snapshot its build took
+            snap = await self.snapshots.source(source.started_from, tenant_of(source.owner))
+            return replace(snap, template=source.template, env=source.env,
+                           workdir=source.workdir, user=source.user)
         if source.template in self.settings.pool_templates:
             # a rebuild retargets it
             self.runtime.keep_warm({source.template: source.image}, new_sandbox_id)

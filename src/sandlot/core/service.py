@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sandlot.config import Settings
 from sandlot.core.background import stop_task
+from sandlot.core.builds import TemplateBuilds
 from sandlot.core.commands import Commands
 from sandlot.core.db import open_store
 from sandlot.core.events import Events, FeedingStore
@@ -62,6 +63,8 @@ class Core:
         self.db = FeedingStore(open_store(settings.database_url, settings.db_path),
                                self.events)
         self.templates = TemplateStore(settings, runtime)
+        self.builds = TemplateBuilds(settings, self.templates, runtime)
+        self.builds.core = self
         self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
                                         self.snapshots, self.host_id)

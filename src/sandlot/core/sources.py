@@ -15,3 +15,5 @@ class Source:
     snapshot_id: str | None = None
     workdir: str | None = None
     user: str | None = None
+    started_from: str | None = None  # a template's snapshot after its start command
+    owner: str | None = None  # the tenant of a template's snapshot

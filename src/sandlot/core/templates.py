@@ -172,7 +172,17 @@ class TemplateStore:
         """A template `who` may use, as a restore source."""
         info = await self.info(name, who)
         return Source(image=image_of(info), env=dict(info.env), template=info.name,
-                      workdir=info.workdir, user=info.user)
+                      workdir=info.workdir, user=info.user, started_from=info.snapshot_id,
+                      owner=info.owner)
+
+    async def put(self, info: TemplateInfo) -> None:
+        """Point `info.name` at `info` (a build of this host), here and in the store."""
+        if self.runtime is not None:
+            await self.runtime.publish_template(image_of(info), info.model_dump(mode="json"))
+        self.index.mkdir(parents=True, exist_ok=True)
+        tmp = self.index / f"{info.name}.json.tmp"
+        tmp.write_text(info.model_dump_json(indent=2))
+        tmp.replace(self.index / f"{info.name}.json")
 
 
 def visible(info: TemplateInfo, who: Principal) -> bool:

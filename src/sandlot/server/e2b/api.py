@@ -392,8 +392,8 @@ async def delete_template(template_id: str, request: Request) -> Response:
         snap = await c.snapshots.get(template_id, caller)
     except NotFoundError:
         if any(t.name == template_id for t in c.templates.list(caller)):
-            raise Unsupported(f"{template_id!r} is a sandlot template; remove templates on the "
-                              "server host with `sandlot template rm`") from None
+            await c.builds.delete(template_id, caller)  # a template the caller built
+            return Response(status_code=204)
         raise
     await c.snapshots.wait(snap.snapshot_id, 600, who=caller)
     await c.snapshots.delete(snap.snapshot_id, who=caller)
@@ -403,17 +403,17 @@ async def delete_template(template_id: str, request: Request) -> Response:
 # ---- everything else ---------------------------------------------------------------------
 
 UNSUPPORTED = (
-    ("/templates", "sandlot builds templates on the server host (`sandlot template build`); "
-                   "E2B template builds, tags and aliases are not served. Use a sandlot "
-                   "template by name in Sandbox.create(), or a snapshot id."),
+    ("/templates", "sandlot serves template builds (Template.build, build_in_background, "
+                   "get_build_status, exists) and delete; template listings, updates and tags "
+                   "are not served (a template is used by its name)"),
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
     ("/logs", "sandlot does not keep sandbox logs; read them with commands.run()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
-             "resume, fork, create_snapshot, list_snapshots, delete_snapshot and "
-             "update_network (allow_out/deny_out)")
+             "resume, fork, create_snapshot, list_snapshots, delete_snapshot, "
+             "update_network (allow_out/deny_out) and template builds")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

@@ -1,0 +1,518 @@
+"""Template builds through the API (E2B's template builder): a tenant names a template,
+uploads the files its COPY steps need, starts a build of a base image plus steps, and polls
+its status and logs; the result is a sandlot template of that name, owned by the tenant.
+
+A build runs inside a sandbox, never on the host: a sandbox of the base image (pulled and
+made a template as any create from an image is, as the tenant: its registry rules, its
+limits), E2B's `user` account made in it, the steps run in it through the guest agent (RUN
+as commands, COPY as file writes of the uploads, ENV/WORKDIR/USER as the state the next step
+runs in), the start command started and the ready command awaited, then one snapshot: the
+template's sandboxes restore it. Cached whole by the pinned base image and the steps. Builds
+run one at a time on this host, bounded by the limits (`Limits.build_*`). Build records live
+in memory: a restart forgets the builds in progress (their templates stay once built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import posixpath
+import secrets
+import shlex
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sandlot.config import Settings
+from sandlot.core.models import (
+    CreateSandbox,
+    ExecRequest,
+    SnapshotState,
+    TemplateInfo,
+    now,
+)
+from sandlot.core.templates import IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
+from sandlot.core.tenancy import Principal, tenant_of
+from sandlot.errors import (
+    BuildError,
+    BuildStepError,
+    CommandTimeoutError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    SandlotError,
+)
+from sandlot.images import oci, steps
+from sandlot.images.spec import NAME_RE
+from sandlot.runtime.base import Exited, Output, Runtime
+
+log = logging.getLogger(__name__)
+MAX_LOG_LINES = 20000
+KEPT_BUILDS = 256  # finished builds remembered (their status and logs)
+MAX_UNSTARTED = 32  # builds a tenant requested and has not started
+UNSTARTED_TTL = 3600  # s: a requested build not started by then is forgotten
+OUTPUT_TAIL = 60  # lines of a failed step's output in its error
+STEPS_VERSION = "1"  # bump when the steps run differently for the same input
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What a build makes: a base (an image reference, or a template the builder may use)
+    and steps on it."""
+
+    image: str | None
+    steps: list[steps.Step]
+    template: str | None = None
+    force: bool = False  # rebuild every step
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+
+
+@dataclass
+class LogLine:
+    at: datetime
+    level: str
+    message: str
+
+
+@dataclass
+class Build:
+    build_id: str
+    name: str
+    owner: str
+    cpus: int
+    memory_mb: int
+    tags: list[str]
+    status: str = "waiting"  # waiting -> building -> ready | error
+    logs: list[LogLine] = field(default_factory=list)
+    reason: str | None = None
+    reason_step: str | None = None  # the failed step, 1-based (E2B's "step")
+    created_at: datetime = field(default_factory=now)
+    task: asyncio.Task | None = None
+
+    def log(self, message: str, level: str = "info") -> None:
+        if len(self.logs) < MAX_LOG_LINES:
+            self.logs.append(LogLine(now(), level, message))
+
+
+def template_name(name: str) -> tuple[str, str | None]:
+    """E2B's ``name[:tag]`` as (template name, tag); InvalidArgumentError if sandlot cannot
+    name a template so."""
+    base, _, tag = (name or "").partition(":")
+    if not NAME_RE.fullmatch(base):
+        raise InvalidArgumentError(f"invalid template name {base[:64]!r}: lowercase letters, "
+                                   "digits, '.', '_' or '-', at most 63")
+    if base.startswith(IMAGE_TEMPLATE_PREFIX):
+        raise InvalidArgumentError(f"template names starting with {IMAGE_TEMPLATE_PREFIX!r} "
+                                   "are sandlot's own")
+    return base, tag or None
+
+
+class TemplateBuilds:
+    def __init__(self, settings: Settings, templates: TemplateStore,
+                 runtime: Runtime | None) -> None:
+        self.settings = settings
+        self.templates = templates
+        self.runtime = runtime
+        self.uploads_root = settings.images / "uploads"
+        self._builds: dict[str, Build] = {}
+        self._upload_tokens: dict[str, tuple[str, str, float]] = {}
+        self._one_at_a_time = asyncio.Semaphore(1)
+        self.core: Any = None  # the Core it builds for (start commands run in its sandboxes)
+
+    # ---- names ------------------------------------------------------------------------
+
+    def _check_name_free(self, name: str, who: Principal) -> None:
+        """A tenant may build a name it owns or that nobody has; not the operator's shared
+        templates, nor another tenant's (PermissionDeniedError: E2B's 403)."""
+        try:
+            info = self.templates.get(name)
+        except NotFoundError:
+            info = None
+        if info is not None and not who.admin and info.owner != who.tenant:
+            raise PermissionDeniedError(f"template {name!r} exists and is not yours")
+        for b in self._builds.values():
+            if b.name == name and b.status in ("waiting", "building") and b.owner != who.tenant:
+                raise PermissionDeniedError(f"template {name!r} is being built by another "
+                                            "team")
+
+    def request(self, name: str, tags: list[str] | None, cpus: int | None,
+                memory_mb: int | None, min_free_disk_mb: int | None,
+                who: Principal) -> Build:
+        """A new build of template `name` (E2B's ``name[:tag]``), waiting for its steps."""
+        base, tag = template_name(name)
+        lim = self.settings.limits
+        cpus = cpus or 2
+        memory_mb = memory_mb or 1024
+        if not 1 <= cpus <= lim.build_cpus:
+            raise InvalidArgumentError(f"cpuCount must be 1 to {lim.build_cpus}")
+        if not 128 <= memory_mb <= lim.build_memory_mb:
+            raise InvalidArgumentError(f"memoryMB must be 128 to {lim.build_memory_mb}")
+        if min_free_disk_mb is not None and not 0 <= min_free_disk_mb <= lim.build_disk_mb:
+            raise InvalidArgumentError(f"minFreeDiskMb must be 0 to {lim.build_disk_mb}")
+        tags = [t for t in [tag, *(tags or [])] if t]
+        for t in tags:
+            if not NAME_RE.fullmatch(t):
+                raise InvalidArgumentError(f"invalid tag {t[:64]!r}")
+        self._check_name_free(base, who)
+        running = [b for b in self._builds.values()
+                   if b.owner == who.tenant and b.status in ("waiting", "building")
+                   and b.task is not None]
+        if lim.key_builds and len(running) >= lim.key_builds:
+            raise ConflictError(f"{len(running)} builds of yours are running; at most "
+                                f"{lim.key_builds} at once")
+        self._forget_old()
+        if sum(1 for b in self._builds.values()
+               if b.owner == who.tenant and b.task is None) >= MAX_UNSTARTED:
+            raise ConflictError(f"{MAX_UNSTARTED} builds of yours were requested and not "
+                                "started; start them or wait an hour")
+        build = Build(build_id=str(uuid.uuid4()), name=base, owner=who.tenant, cpus=cpus,
+                      memory_mb=memory_mb, tags=tags or ["default"])
+        self._builds[build.build_id] = build
+        return build
+
+    def _forget_old(self) -> None:
+        """Finished builds past the last KEPT_BUILDS, and builds never started within
+        UNSTARTED_TTL seconds."""
+        done = [b for b in self._builds.values() if b.status in ("ready", "error")]
+        for b in done[:max(0, len(done) - KEPT_BUILDS)]:
+            self._builds.pop(b.build_id, None)
+        stale = now() - timedelta(seconds=UNSTARTED_TTL)
+        for b in [b for b in self._builds.values() if b.task is None and b.created_at < stale]:
+            self._builds.pop(b.build_id, None)
+
+    def get(self, name: str, build_id: str, who: Principal) -> Build:
+        build = self._builds.get(build_id)
+        if build is None or build.name != name.partition(":")[0] \
+                or not who.sees(build.owner):
+            raise NotFoundError(f"build {build_id[:64]!r} of template {name[:64]!r} not found")
+        return build
+
+    def lookup(self, name: str, who: Principal) -> TemplateInfo:
+        """A template by E2B name; PermissionDeniedError if it is another tenant's."""
+        base, _ = template_name(name)
+        info = self.templates.get(base)
+        if not visible(info, who):
+            raise PermissionDeniedError(f"template {base!r} is not yours")
+        return info
+
+    async def delete(self, name: str, who: Principal) -> None:
+        """Remove a template the tenant built (an operator's: the CLI removes those)."""
+        base, _ = template_name(name)
+        info = self.templates.get(base)
+        if not visible(info, who):
+            raise NotFoundError(f"template {base!r} not found")
+        if info.owner is None and not who.admin:
+            raise PermissionDeniedError(f"{base!r} is a template of this server's operator; "
+                                        "it is removed on the server (`sandlot template rm`)")
+        self.templates.remove(base)
+        if info.snapshot_id:
+            await self._drop_snapshot(info)
+
+    # ---- uploads ----------------------------------------------------------------------
+
+    def _upload_dir(self, tenant: str, files_hash: str) -> Path:
+        safe = hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        return self.uploads_root / safe / files_hash
+
+    def upload_link(self, name: str, files_hash: str, who: Principal) -> tuple[bool, str]:
+        """Whether `who` uploaded these files already, and a token to PUT them with."""
+        template_name(name)
+        if not steps.HASH_RE.fullmatch(files_hash or ""):
+            raise InvalidArgumentError(f"invalid files hash {files_hash[:80]!r}")
+        present = self._upload_dir(who.tenant, files_hash).is_dir()
+        token = secrets.token_urlsafe(24)
+        if len(self._upload_tokens) > 10000:
+            self._upload_tokens.pop(next(iter(self._upload_tokens)))
+        self._upload_tokens[token] = (who.tenant, files_hash, time.monotonic() + 3600)
+        return present, token
+
+    async def upload(self, token: str, body: AsyncIterator[bytes]) -> None:
+        """Store the tar (optionally gzipped) a COPY's files came in, unpacked."""
+        entry = self._upload_tokens.get(token)
+        if entry is None or entry[2] < time.monotonic():
+            raise NotFoundError("unknown or expired upload link")
+        tenant, files_hash, _ = entry
+        limit = self.settings.limits.build_upload_bytes
+        target = self._upload_dir(tenant, files_hash)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile() as f:
+            size = 0
+            async for chunk in body:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"an upload is at most {limit} bytes")
+                f.write(chunk)
+            f.seek(0)
+            await asyncio.to_thread(_unpack, f, target)
+        self._upload_tokens.pop(token, None)
+
+    # ---- builds -----------------------------------------------------------------------
+
+    async def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal
+                    ) -> Build:
+        """Start a requested build in the background."""
+        build = self.get(name, build_id, who)
+        if build.task is not None:
+            raise ConflictError(f"build {build_id} was started already")
+        missing = [s.files_hash for s in spec.steps if s.kind == "COPY"
+                   and not self._upload_dir(build.owner, s.files_hash or "").is_dir()]
+        if missing:
+            raise InvalidArgumentError(f"the files of hash {missing[0]} were not uploaded")
+        if self.runtime is None:
+            raise InvalidArgumentError("this server cannot build templates")
+        if spec.template:
+            if spec.template.partition(":")[0] == build.name:
+                raise InvalidArgumentError("a template cannot be built from itself")
+            await self.templates.info(spec.template.partition(":")[0], tenant_of(build.owner))
+        else:  # a bad reference: 400 now, not a failed build
+            oci.parse_reference(spec.image or "")
+        build.task = asyncio.create_task(self._run(build, spec))
+        return build
+
+    async def _run(self, build: Build, spec: BuildSpec) -> None:
+        build.log(f"Build {build.build_id} of template {build.name} queued")
+        try:
+            async with self._one_at_a_time:
+                build.status = "building"
+                await self._build(build, spec, time.monotonic()
+                                  + self.settings.limits.build_seconds)
+            build.status = "ready"
+            build.log(f"Template {build.name} is ready")
+        except Exception as e:  # noqa: BLE001 - every failure is the build's status
+            message = e.message if isinstance(e, SandlotError) else f"build failed: {e}"
+            if not isinstance(e, SandlotError):
+                log.error("template build %s of %s failed", build.build_id, build.name,
+                          exc_info=e)
+            build.reason, build.status = message, "error"
+            build.log(message, "error")
+
+    async def _build(self, build: Build, spec: BuildSpec, deadline: float) -> None:
+        """The steps run in a sandbox of the base image (as the tenant: its limits, its
+        registry rules, no host but the sandbox's own), which is then snapshotted; the
+        template's sandboxes restore that snapshot. Cached whole, by the pinned base image,
+        the steps (a COPY by its files hash) and the start and ready commands."""
+        c, who = self.core, tenant_of(build.owner)
+        if spec.template:  # built on a template: its build (and snapshot) is the base
+            parent = await self.templates.info(spec.template.partition(":")[0], who)
+            origin = f"template {parent.name}"
+            base_id = f"{origin} {parent.hash} {parent.snapshot_id}"
+            create = CreateSandbox(template=parent.name)
+        else:
+            access = oci.Access.from_env()
+            pinned = await asyncio.to_thread(oci.resolve,
+                                             oci.parse_reference(spec.image or ""), access)
+            origin = base_id = pinned.pinned
+            create = CreateSandbox(image=pinned.pinned)
+        key = hashlib.sha256(json.dumps({
+            "v": STEPS_VERSION, "base": base_id, "cpus": build.cpus,
+            "memory_mb": build.memory_mb, "start": spec.start_cmd, "ready": spec.ready_cmd,
+            "steps": [[s.kind, list(s.args), s.files_hash] for s in spec.steps]},
+            sort_keys=True).encode()).hexdigest()[:24]
+        try:
+            before: TemplateInfo | None = self.templates.get(build.name)
+        except NotFoundError:
+            before = None
+        if before is not None and before.recipe == key and before.snapshot_id \
+                and not spec.force and await self._snapshot_ready(before):
+            build.log(f"Template {build.name}: served from the cache (unchanged since "
+                      f"{before.built_at:%Y-%m-%d %H:%M:%S} UTC)")
+            return
+        build.log(f"Base {origin}: starting a sandbox of it")
+        rec = await c.sandboxes.create(create.model_copy(update={
+            "memory_mb": build.memory_mb, "cpus": build.cpus,
+            "timeout": self.settings.limits.build_seconds}), who=who)
+        sid = rec.sandbox_id
+        try:
+            state = _State()
+            await self._exec(build, sid, steps.ENSURE_USER, "root", "/", {}, 0, deadline)
+            for n, step in enumerate(spec.steps, 1):
+                build.log(f"[{n}/{len(spec.steps)}] {step.kind} {' '.join(step.args)[:300]}")
+                await self._step(build, sid, step, n, state, deadline)
+            if spec.start_cmd:
+                build.log(f"Start command: {spec.start_cmd}")
+                await c.commands.start(sid, ExecRequest(
+                    cmd=spec.start_cmd, background=True, timeout=0, stdin="",
+                    user=state.user, cwd=state.cwd, env=state.env or None), who=who)
+            if spec.ready_cmd:
+                await self._wait_ready(build, sid, spec.ready_cmd, state, deadline)
+            build.log("Snapshotting the sandbox")
+            snap = await c.sandboxes.snapshot(sid, memory=True, who=who)
+            snap = await c.snapshots.wait(snap.snapshot_id, max(60.0, deadline -
+                                                                time.monotonic()), who=who)
+            if snap.state != SnapshotState.READY:
+                raise BuildError(f"the template's snapshot is {snap.state.value}")
+        finally:
+            with contextlib.suppress(SandlotError):
+                await c.sandboxes.kill(sid, who=who)
+        base = self.templates.get(rec.template or "")
+        info = base.model_copy(update={
+            "name": build.name, "owner": build.owner, "env": {**base.env, **state.env},
+            "workdir": state.cwd, "user": None if state.user == "root" else state.user,
+            "image": origin, "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd,
+            "snapshot_id": snap.snapshot_id, "recipe": key, "built_at": now(),
+            "memory_mb": build.memory_mb, "cpus": build.cpus})
+        await self.templates.put(info)
+        if before is not None and before.snapshot_id:
+            await self._drop_snapshot(before)
+
+    async def _snapshot_ready(self, info: TemplateInfo) -> bool:
+        try:
+            snap = await self.core.snapshots.get(info.snapshot_id, tenant_of(info.owner))
+        except NotFoundError:
+            return False
+        return snap.state == SnapshotState.READY
+
+    async def _step(self, build: Build, sid: str, step: steps.Step, n: int, state: _State,
+                    deadline: float) -> None:
+        a = step.args
+        if step.kind == "RUN":
+            await self._exec(build, sid, a[0], a[1] if len(a) > 1 and a[1] else state.user,
+                             state.cwd, state.env, n, deadline)
+        elif step.kind == "ENV":
+            state.env.update(zip(a[::2], a[1::2], strict=True))
+        elif step.kind == "USER":
+            state.user = a[0].split(":", 1)[0]
+        elif step.kind == "WORKDIR":
+            path = posixpath.join(state.cwd, a[0])
+            await self._exec(build, sid, f"mkdir -p {shlex.quote(path)} && chown "
+                             f"{shlex.quote(state.user)} {shlex.quote(path)}", "root", "/", {},
+                             n, deadline)
+            state.cwd = path
+        elif step.kind == "COPY":
+            await self._copy(build, sid, step, n, state, deadline)
+
+    async def _copy(self, build: Build, sid: str, step: steps.Step, n: int, state: _State,
+                    deadline: float) -> None:
+        """A COPY: the uploaded files matching its source, written into the sandbox (a
+        folder's contents under the destination, as Docker copies), owned by its user (the
+        current one by default), with its mode."""
+        a = step.args
+        root = self._upload_dir(build.owner, step.files_hash or "")
+        src = a[0].removeprefix("./").rstrip("/") or "."
+        matches = sorted(root.glob(src)) if any(ch in src for ch in "*?[") else [root / src]
+        matches = [m for m in matches if m.exists() or m.is_symlink()]
+        if not matches:
+            raise BuildStepError(f"step {n} (COPY): {a[0]!r} matched no uploaded file")
+        dest = posixpath.join(state.cwd, a[1])
+        into = a[1].endswith("/") or len(matches) > 1 or matches[0].is_dir()
+        owner = (a[2] if len(a) > 2 and a[2] else state.user).split(":", 1)[0]
+        written: list[str] = []
+        for m in matches:
+            files = sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else [m]
+            for f in files:
+                rel = f.relative_to(m) if m.is_dir() else Path(m.name)
+                target = posixpath.join(dest, str(rel)) if into else dest
+                await self.core.files.write(sid, target, _chunks(f), user=owner,
+                                            who=tenant_of(build.owner))
+                written.append(target)
+        if len(a) > 3 and a[3]:
+            await self._exec(build, sid, f"chmod {a[3]} " + " ".join(
+                shlex.quote(w) for w in written), "root", "/", {}, n, deadline)
+        build.log(f"copied {len(written)} file(s) to {dest}")
+
+    async def _exec(self, build: Build, sid: str, cmd: str, user: str, cwd: str,
+                    env: dict[str, str], n: int, deadline: float, quiet: bool = False
+                    ) -> int:
+        """Run a build command in the sandbox, its output in the logs; BuildStepError for a
+        non-zero exit (unless `quiet`: the exit code)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BuildStepError("the build ran past its time limit "
+                                 f"({self.settings.limits.build_seconds} s)")
+        tail: list[str] = []
+        pending = ""
+        code = None
+        shell = f"if [ -x /bin/bash ]; then exec /bin/bash -c {shlex.quote(cmd)}; fi; " \
+                f"exec /bin/sh -c {shlex.quote(cmd)}"
+        try:
+            async for event in self.core.commands.run(sid, ExecRequest(
+                    cmd=shell, user=user, cwd=cwd, env=env or None, timeout=left, stdin=""),
+                    who=tenant_of(build.owner)):
+                if isinstance(event, Output):
+                    pending += event.data.decode(errors="replace")
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        tail = (tail + [line])[-OUTPUT_TAIL:]
+                        if not quiet:
+                            build.log(line, "error" if event.stream == "stderr" else "info")
+                elif isinstance(event, Exited):
+                    code = event.exit_code
+        except CommandTimeoutError:
+            raise BuildStepError(f"step {n} ran past the build's time limit") from None
+        if pending:
+            tail = (tail + [pending])[-OUTPUT_TAIL:]
+            if not quiet:
+                build.log(pending)
+        if code and not quiet:
+            if n:
+                build.reason_step = str(n)
+            what = f"step {n}" if n else "making the user account"
+            raise BuildStepError(f"{what} failed (exit {code}): {cmd[:200]}\n"
+                                 + "\n".join(tail).strip())
+        return code or 0
+
+    async def _wait_ready(self, build: Build, sid: str, ready_cmd: str, state: _State,
+                          deadline: float) -> None:
+        build.log(f"Waiting for the ready command: {ready_cmd}")
+        while True:
+            if await self._exec(build, sid, ready_cmd, state.user, state.cwd, state.env, 0,
+                                deadline, quiet=True) == 0:
+                build.log("The ready command succeeded")
+                return
+            if time.monotonic() > deadline:
+                raise BuildStepError(f"the ready command {ready_cmd!r} did not succeed within "
+                                     "the build's time limit")
+            await asyncio.sleep(1)
+
+    async def _drop_snapshot(self, info: TemplateInfo) -> None:
+        assert info.snapshot_id
+        with contextlib.suppress(SandlotError):
+            await self.core.snapshots.delete(info.snapshot_id, who=tenant_of(info.owner))
+
+
+@dataclass
+class _State:
+    """Where the steps are: the user and folder the next one runs as and in, the envs."""
+
+    user: str = steps.DEFAULT_USER
+    cwd: str = steps.DEFAULT_WORKDIR
+    env: dict[str, str] = field(default_factory=dict)
+
+
+async def _chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, 1 << 20):
+            yield chunk
+
+
+def _unpack(f, target: Path) -> None:
+    """A tar (gzipped or not) into `target`, only regular files, folders and links inside
+    it (tarfile's "data" filter); InvalidArgumentError if it is not one."""
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        try:
+            with tarfile.open(fileobj=f, mode="r:*") as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            raise InvalidArgumentError(f"the upload is not a tar archive: {e}") from None
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        tmp.replace(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["TemplateBuilds", "BuildSpec", "Build", "template_name"]

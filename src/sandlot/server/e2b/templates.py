@@ -1,0 +1,139 @@
+"""E2B's template build API (the SDKs' `Template.build`, `build_in_background`,
+`get_build_status`, `exists`), on sandlot's builder (core/builds.py). The template id E2B
+hands back is the template's name: `Sandbox.create(name)` starts from it.
+
+    POST /v3/templates                                   a build of a name (202)
+    GET  /templates/{id}/files/{hash}                    an upload link for a COPY's files
+    PUT  /template-uploads/{token}                       the upload itself (no key: the link)
+    POST /v2/templates/{id}/builds/{build}               start it with the steps (202)
+    GET  /templates/{id}/builds/{build}/status           status, logs from logsOffset
+    GET  /templates/aliases/{alias}                      exists (403: another team's)
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+from sandlot.core.builds import Build, BuildSpec
+from sandlot.errors import InvalidArgumentError
+from sandlot.images import steps
+from sandlot.server.auth import who
+from sandlot.server.deps import core
+from sandlot.server.e2b.api import PREFIX, Body, E2BRoute, require_e2b_key
+from sandlot.server.e2b.errors import Unsupported
+
+router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
+                   dependencies=[Depends(require_e2b_key)], include_in_schema=False)
+upload_router = APIRouter(prefix=PREFIX, route_class=E2BRoute, include_in_schema=False)
+MAX_LOG_PAGE = 100
+
+
+class BuildRequest(Body):
+    name: str | None = None
+    alias: str | None = None
+    tags: list[str] | None = None
+    cpu_count: int | None = Field(None, alias="cpuCount")
+    memory_mb: int | None = Field(None, alias="memoryMB")
+    min_free_disk_mb: int | None = Field(None, alias="minFreeDiskMb")
+
+
+class BuildStart(Body):
+    from_image: str | None = Field(None, alias="fromImage")
+    from_template: str | None = Field(None, alias="fromTemplate")
+    from_image_registry: dict | None = Field(None, alias="fromImageRegistry")
+    force: bool | None = None
+    steps: list = Field(default_factory=list)
+    start_cmd: str | None = Field(None, alias="startCmd")
+    ready_cmd: str | None = Field(None, alias="readyCmd")
+
+
+E2B_BASE = ("e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base",
+            "docker.io/e2bdev/base:latest")
+
+
+def _spec(body: BuildStart) -> BuildSpec:
+    template = body.from_template
+    image = body.from_image
+    if not template and image in E2B_BASE:
+        template, image = "base", None  # E2B's base image: sandlot's default template
+    if not template and not image:
+        raise InvalidArgumentError("fromImage or fromTemplate is required")
+    if body.from_image_registry:
+        kind = str(body.from_image_registry.get("type") or "registry")[:32]
+        raise Unsupported(f"sandlot pulls with the server's registry credentials (set by its "
+                          f"operator); {kind!r} credentials given with a build are not "
+                          "supported")
+    return BuildSpec(image=image, template=template, steps=steps.parse_steps(body.steps),
+                     force=bool(body.force) or any(isinstance(s, dict) and s.get("force")
+                                                   for s in body.steps),
+                     start_cmd=body.start_cmd,
+                     ready_cmd=body.ready_cmd)
+
+
+def _entry(line) -> dict:
+    return {"timestamp": line.at.isoformat(), "level": line.level, "message": line.message}
+
+
+@router.post("/v3/templates")
+async def request_build(body: BuildRequest, request: Request) -> JSONResponse:
+    name = body.name or body.alias
+    if not name:
+        raise InvalidArgumentError("name is required")
+    build = core(request).builds.request(name, body.tags, body.cpu_count, body.memory_mb,
+                                         body.min_free_disk_mb, who(request))
+    return JSONResponse({"templateID": build.name, "buildID": build.build_id,
+                         "public": False, "names": [build.name], "aliases": [build.name],
+                         "tags": build.tags}, 202)
+
+
+@router.get("/templates/aliases/{alias}")
+async def alias_exists(alias: str, request: Request) -> JSONResponse:
+    info = core(request).builds.lookup(alias, who(request))
+    return JSONResponse({"templateID": info.name, "public": info.owner is None})
+
+
+@router.get("/templates/{template_id}/files/{files_hash}")
+async def upload_link(template_id: str, files_hash: str, request: Request) -> JSONResponse:
+    present, token = core(request).builds.upload_link(template_id, files_hash, who(request))
+    url = str(request.base_url).rstrip("/") + f"{PREFIX}/template-uploads/{token}"
+    return JSONResponse({"present": present, "url": url}, 201)
+
+
+@upload_router.put("/template-uploads/{token}")
+async def upload(token: str, request: Request) -> Response:
+    await core(request).builds.upload(token, request.stream())
+    return Response(status_code=200)
+
+
+@router.post("/v2/templates/{template_id}/builds/{build_id}")
+async def start_build(template_id: str, build_id: str, body: BuildStart,
+                      request: Request) -> Response:
+    await core(request).builds.start(template_id, build_id, _spec(body), who(request))
+    return Response(status_code=202)
+
+
+def _window(build: Build, offset: int | None, limit: int | None) -> list:
+    if (offset or 0) < 0 or (limit is not None and limit < 0):
+        raise InvalidArgumentError("logsOffset and limit are at least 0")
+    start = offset or 0
+    return build.logs[start:start + min(limit or MAX_LOG_PAGE, MAX_LOG_PAGE)]
+
+
+@router.get("/templates/{template_id}/builds/{build_id}/status")
+async def build_status(template_id: str, build_id: str, request: Request,
+                       logsOffset: int | None = None,  # noqa: N803 - E2B's name
+                       limit: int | None = None) -> JSONResponse:
+    build = core(request).builds.get(template_id, build_id, who(request))
+    window = _window(build, logsOffset, limit)
+    out = {"templateID": build.name, "buildID": build.build_id, "status": build.status,
+           "logEntries": [_entry(e) for e in window],
+           "logs": [f"[{e.at.isoformat()}] {e.message}" for e in window]}
+    if build.status == "error":
+        out["reason"] = {"message": build.reason or "build failed",
+                         "logEntries": [_entry(e) for e in build.logs[-20:]]}
+        if build.reason_step:
+            out["reason"]["step"] = build.reason_step
+    return JSONResponse(out)
+
