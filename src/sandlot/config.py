@@ -115,7 +115,8 @@ class Limits:
     build_memory_mb: int = 8192
     build_disk_mb: int = 32768  # the free disk a build may ask for (minFreeDiskMb)
     build_seconds: int = 3600
-    build_upload_bytes: int = 1 << 30  # one COPY's files, as uploaded
+    build_upload_bytes: int = 1 << 30  # one COPY's files, as uploaded and unpacked
+    build_uploads_bytes: int = 4 << 30  # a tenant's kept uploads (the oldest go first)
     key_builds: int = 2
 
     @classmethod

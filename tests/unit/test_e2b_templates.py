@@ -172,3 +172,32 @@ async def test_odd_names_answer_4xx(api) -> None:
             assert set(r.json()) == {"code", "message"}
         r = await call("POST", "/v3/templates", json={"name": bad})
         assert r.status_code in (400, 403), (bad, r.text)
+
+
+async def test_uploads_are_bounded_unpacked_and_per_tenant(tmp_path) -> None:
+    """A small gzip of a large file is refused by its unpacked size; a tenant's kept uploads
+    stay within their bound, the oldest dropped first (the SDK then uploads them again)."""
+    from sandlot.config import Limits
+
+    limits = Limits(build_upload_bytes=1 << 20, build_uploads_bytes=5000)
+    async with in_process(tmp_path, limits=limits) as srv:
+        client = httpx.AsyncClient(transport=srv.async_transport(), base_url=srv.url)
+        headers = {"x-api-key": srv.key}
+
+        async def put(files_hash: str, files: dict[str, bytes]) -> httpx.Response:
+            link = (await client.get(f"/e2b/templates/t/files/{files_hash}",
+                                     headers=headers)).json()
+            return await client.put(link["url"].split(srv.url, 1)[1], content=_tar(files))
+
+        async def present(files_hash: str) -> bool:
+            return (await client.get(f"/e2b/templates/t/files/{files_hash}",
+                                     headers=headers)).json()["present"]
+
+        bomb = await put("c" * 64, {"zeros": bytes(3 << 20)})
+        assert len(_tar({"zeros": bytes(3 << 20)})) < 1 << 20
+        assert bomb.status_code == 413 and "unpacked" in bomb.json()["message"]
+        assert not await present("c" * 64)
+        assert (await put("a" * 64, {"f": b"1" * 3000})).status_code == 200
+        assert (await put("b" * 64, {"f": b"2" * 3000})).status_code == 200
+        assert not await present("a" * 64) and await present("b" * 64)
+        await client.aclose()

@@ -256,8 +256,10 @@ class TemplateBuilds:
                     raise PayloadTooLargeError(f"an upload is at most {limit} bytes")
                 f.write(chunk)
             f.seek(0)
-            await asyncio.to_thread(_unpack, f, target)
+            await asyncio.to_thread(_unpack, f, target, limit)
         self._upload_tokens.pop(token, None)
+        await asyncio.to_thread(_keep_newest, target.parent,
+                                self.settings.limits.build_uploads_bytes, target)
 
     # ---- builds -----------------------------------------------------------------------
 
@@ -498,14 +500,22 @@ async def _chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _unpack(f, target: Path) -> None:
+def _unpack(f, target: Path, limit: int) -> None:
     """A tar (gzipped or not) into `target`, only regular files, folders and links inside
-    it (tarfile's "data" filter); InvalidArgumentError if it is not one."""
+    it (tarfile's "data" filter), at most `limit` bytes unpacked (a small gzip can hold a
+    huge file); InvalidArgumentError if it is not one, PayloadTooLargeError if larger."""
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         try:
             with tarfile.open(fileobj=f, mode="r:*") as tar:
-                tar.extractall(tmp, filter="data")
+                members, size = [], 0
+                for member in tar:
+                    size += member.size
+                    if size > limit:
+                        raise PayloadTooLargeError(
+                            f"an upload is at most {limit} bytes unpacked")
+                    members.append(member)
+                tar.extractall(tmp, members=members, filter="data")
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise InvalidArgumentError(f"the upload is not a tar archive: {e}") from None
         if target.exists():
@@ -513,6 +523,24 @@ def _unpack(f, target: Path) -> None:
         tmp.replace(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_symlink() and p.is_file())
+
+
+def _keep_newest(tenant_dir: Path, limit: int, newest: Path) -> None:
+    """Drop a tenant's oldest uploads (by when they came) until the rest fit in `limit`
+    bytes; the one that just came always stays (its own size is bounded on its own)."""
+    uploads = sorted((p for p in tenant_dir.iterdir() if p.is_dir() and "." not in p.name),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    total = 0
+    for upload in uploads:
+        size = _tree_bytes(upload)
+        if upload != newest and total + size > limit:
+            shutil.rmtree(upload, ignore_errors=True)
+        else:
+            total += size
 
 
 __all__ = ["TemplateBuilds", "BuildSpec", "Build", "template_name"]
