@@ -111,3 +111,42 @@ async def test_the_console_is_served_or_says_how_to_build_it(tmp_path, monkeypat
             assert r.status_code == status and text in r.text
             if status == 200:
                 assert "default-src 'self'" in r.headers["content-security-policy"]
+
+
+async def test_a_deployments_feed_has_every_hosts_changes(postgres) -> None:
+    """Two hosts on one PostgreSQL: a console connected to host A sees the sandboxes and
+    snapshots host B saves (the store notifies; A reads them), its own tenant's only."""
+    import secrets
+
+    from sandlot.core.db import open_store
+    from sandlot.core.events import FeedingStore
+
+    url = postgres.new_database("ev" + secrets.token_hex(4))
+    stores = [open_store(url, None) for _ in range(2)]
+    for store in stores:
+        await store.open()
+    try:
+        events = Events()
+        host_a, host_b = FeedingStore(stores[0], events), FeedingStore(stores[1], Events())
+        feed = events.subscribe(Principal("t1", False), 0.2)
+        assert await anext(feed) is None  # subscribed
+        doc = {"sandbox_id": "sb-b", "state": "running", "memory_mb": 512, "cpus": 1,
+               "owner": "t1"}
+        await host_b.put_sandbox("sb-b", "running", "h-b", doc)
+        await host_b.put_sandbox("sb-x", "running", "h-b", doc | {"sandbox_id": "sb-x",
+                                                                  "owner": "t2"})
+        await host_b.put_snapshot("snap-b", None, "ready", "h-b", {
+            "snapshot_id": "snap-b", "sandbox_id": "sb-b", "state": "ready",
+            "owner": "t1"}, 1.0)
+        await host_a.put_sandbox("sb-a", "running", "h-a", doc | {"sandbox_id": "sb-a"})
+        seen: list = []
+        while len(seen) < 3:
+            change = await asyncio.wait_for(anext(feed), 10)
+            if change is not None:
+                seen.append(change)
+        assert sorted((c.kind, c.id) for c in seen) == [
+            ("sandbox", "sb-a"), ("sandbox", "sb-b"), ("snapshot", "snap-b")]
+        assert await pending(feed) == []  # each once; never another tenant's
+    finally:
+        for store in stores:
+            await store.close()

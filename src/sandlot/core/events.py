@@ -2,13 +2,14 @@
 views (GET /v1/events). Core publishes as it saves; a subscriber iterates what its tenant may
 see. Nothing calls up: the server iterates `subscribe()`.
 
-Only this host's writes are seen: in a deployment of several hosts, a console follows the
-host it is connected to (and reloads the lists when it reconnects)."""
+On a store shared by several hosts (PostgreSQL), every host's writes are seen: the store
+notifies each change, and the feed reads the record as it now is (only while a console is
+subscribed)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,20 +85,50 @@ class Events:
 
 
 class FeedingStore:
-    """The metadata store, publishing each sandbox and snapshot it saves to `events`."""
+    """The metadata store, publishing each sandbox and snapshot saved to `events`: those it
+    saves itself, or, on a store shared by hosts, those any host saves (as it notifies)."""
 
     def __init__(self, store: Any, events: Events) -> None:
         self._store = store
         self._events = events
+        self._shared = hasattr(store, "on_sandbox_change")
+        self._reads: set[asyncio.Task] = set()
+        if self._shared:
+            store.on_sandbox_change(
+                lambda sid: self._read(store.get_sandbox, sid, events.publish_sandbox))
+            store.on_snapshot_change(
+                lambda sid: self._read(store.get_snapshot, sid, events.publish_snapshot))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    def _read(self, get: Callable[[str], Awaitable[dict | None]], record_id: str,
+              publish: Callable[[dict], None]) -> None:
+        """A change another host (or this one) notified: read and publish the record."""
+        if not self._events.subscribers:
+            return  # the hot path pays nothing while no console is open
+        task = asyncio.get_running_loop().create_task(self._publish_read(get, record_id,
+                                                                          publish))
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
+
+    @staticmethod
+    async def _publish_read(get: Callable[[str], Awaitable[dict | None]], record_id: str,
+                            publish: Callable[[dict], None]) -> None:
+        try:
+            doc = await get(record_id)
+        except Exception:  # noqa: BLE001 - a lost change only delays a view; never the store
+            return
+        if doc is not None:
+            publish(doc)
+
     async def put_sandbox(self, sandbox_id: str, state: str, host: str, doc: dict) -> None:
         await self._store.put_sandbox(sandbox_id, state, host, doc)
-        self._events.publish_sandbox(doc)
+        if not self._shared:
+            self._events.publish_sandbox(doc)
 
     async def put_snapshot(self, snapshot_id: str, name: str | None, state: str, host: str,
                            doc: dict, created_at: float) -> None:
         await self._store.put_snapshot(snapshot_id, name, state, host, doc, created_at)
-        self._events.publish_snapshot(doc)
+        if not self._shared:
+            self._events.publish_snapshot(doc)

@@ -37,6 +37,7 @@ from sandlot.core.db.common import (
 log = logging.getLogger(__name__)
 MIGRATION_LOCK = 0x5A4D_4C4F  # pg_advisory_xact_lock key of the schema
 SNAPSHOT_CHANNEL = "sandlot_snapshots"
+SANDBOX_CHANNEL = "sandlot_sandboxes"
 NOW = "extract(epoch from clock_timestamp())"
 
 # Append only: each entry is one schema version.
@@ -76,6 +77,7 @@ class PostgresStore:
                                          kwargs={"autocommit": True})
         self._listener: asyncio.Task | None = None
         self._snapshot_waiters: list[Callable[[str], None]] = []
+        self._sandbox_waiters: list[Callable[[str], None]] = []
 
     async def open(self) -> None:
         try:
@@ -116,14 +118,21 @@ class PostgresStore:
         """Call `callback(snapshot_id)` when any host changes a snapshot."""
         self._snapshot_waiters.append(callback)
 
+    def on_sandbox_change(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(sandbox_id)` when any host saves a sandbox."""
+        self._sandbox_waiters.append(callback)
+
     async def _listen(self) -> None:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url,
                                                                  autocommit=True) as conn:
                     await conn.execute(f"LISTEN {SNAPSHOT_CHANNEL}")
+                    await conn.execute(f"LISTEN {SANDBOX_CHANNEL}")
                     async for note in conn.notifies():
-                        for cb in list(self._snapshot_waiters):
+                        waiters = (self._snapshot_waiters if note.channel == SNAPSHOT_CHANNEL
+                                   else self._sandbox_waiters)
+                        for cb in list(waiters):
                             cb(note.payload)
             except asyncio.CancelledError:
                 raise
@@ -165,10 +174,12 @@ class PostgresStore:
     # ---- sandboxes ------------------------------------------------------------------------
 
     async def put_sandbox(self, sandbox_id: str, state: str, host: str, doc: dict) -> None:
-        await self._q(
-            f"INSERT INTO sandboxes VALUES (%s, %s, %s, %s, {NOW}) ON CONFLICT (id) DO UPDATE "
-            "SET state = excluded.state, host = excluded.host, doc = excluded.doc, "
-            "updated_at = excluded.updated_at", (sandbox_id, state, host, json.dumps(doc)))
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                f"INSERT INTO sandboxes VALUES (%s, %s, %s, %s, {NOW}) ON CONFLICT (id) DO "
+                "UPDATE SET state = excluded.state, host = excluded.host, doc = excluded.doc, "
+                "updated_at = excluded.updated_at", (sandbox_id, state, host, json.dumps(doc)))
+            await conn.execute("SELECT pg_notify(%s, %s)", (SANDBOX_CHANNEL, sandbox_id))
 
     async def get_sandbox(self, sandbox_id: str) -> dict | None:
         rows = await self._q("SELECT doc FROM sandboxes WHERE id = %s", (sandbox_id,))
@@ -248,6 +259,7 @@ class PostgresStore:
                     await conn.execute(f"UPDATE sandboxes SET state = 'lost', doc = %s, "
                                        f"updated_at = {NOW} WHERE id = %s",
                                        (lost_sandbox_doc(doc, why), sid))
+                    await conn.execute("SELECT pg_notify(%s, %s)", (SANDBOX_CHANNEL, sid))
                 cur = await conn.execute("SELECT id, doc FROM snapshots WHERE host = %s AND "
                                          "state = ANY(%s) FOR UPDATE",
                                          (host, list(UNFINISHED_SNAPSHOT_STATES)))
