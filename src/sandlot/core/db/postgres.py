@@ -174,12 +174,13 @@ class PostgresStore:
     # ---- sandboxes ------------------------------------------------------------------------
 
     async def put_sandbox(self, sandbox_id: str, state: str, host: str, doc: dict) -> None:
-        async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(
-                f"INSERT INTO sandboxes VALUES (%s, %s, %s, %s, {NOW}) ON CONFLICT (id) DO "
-                "UPDATE SET state = excluded.state, host = excluded.host, doc = excluded.doc, "
-                "updated_at = excluded.updated_at", (sandbox_id, state, host, json.dumps(doc)))
-            await conn.execute("SELECT pg_notify(%s, %s)", (SANDBOX_CHANNEL, sandbox_id))
+        # one statement, as before the notification (a save is on every call's path)
+        await self._q(
+            f"WITH saved AS (INSERT INTO sandboxes VALUES (%s, %s, %s, %s, {NOW}) "
+            "ON CONFLICT (id) DO UPDATE SET state = excluded.state, host = excluded.host, "
+            "doc = excluded.doc, updated_at = excluded.updated_at RETURNING id) "
+            "SELECT pg_notify(%s, id) FROM saved",
+            (sandbox_id, state, host, json.dumps(doc), SANDBOX_CHANNEL))
 
     async def get_sandbox(self, sandbox_id: str) -> dict | None:
         rows = await self._q("SELECT doc FROM sandboxes WHERE id = %s", (sandbox_id,))
