@@ -173,6 +173,7 @@ class Settings:
     net_pool: str = "10.200.0.0/16"
     api_key: str | None = None  # SANDLOT_API_KEY: an admin key the server adds at its start
     log_level: str = "INFO"  # SANDLOT_LOG
+    console_dir: Path | None = None  # SANDLOT_CONSOLE_DIR: a built console (default console/dist)
 
     @functools.cached_property
     def accelerator(self) -> str:
@@ -223,7 +224,9 @@ class Settings:
                                      .split(",") if s.strip()),
                    net_pool=os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16"),
                    api_key=os.environ.get("SANDLOT_API_KEY") or None,
-                   log_level=os.environ.get("SANDLOT_LOG", "INFO"))
+                   log_level=os.environ.get("SANDLOT_LOG", "INFO"),
+                   console_dir=Path(os.environ["SANDLOT_CONSOLE_DIR"])
+                   if os.environ.get("SANDLOT_CONSOLE_DIR") else None)
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -96,14 +96,13 @@ async def test_a_subscriber_that_falls_behind_is_told_to_reload() -> None:
     await feed.aclose()
 
 
-async def test_the_console_is_served_or_says_how_to_build_it(tmp_path, monkeypatch) -> None:
+async def test_the_console_is_served_or_says_how_to_build_it(tmp_path) -> None:
     built = tmp_path / "dist"
     built.mkdir()
     (built / "index.html").write_text("<title>sandlot</title>")
     for where, status, text in ((built, 200, "<title>sandlot</title>"),
                                 (tmp_path / "none", 503, "make setup")):
-        monkeypatch.setenv("SANDLOT_CONSOLE_DIR", str(where))
-        async with in_process(tmp_path / where.name) as srv, httpx.AsyncClient(
+        async with in_process(tmp_path / where.name, console_dir=where) as srv, httpx.AsyncClient(
                 transport=srv.async_transport(), base_url=srv.url) as client:
             r = await client.get("/console")
             assert r.status_code == 307 and r.headers["location"] == "/console/"

@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
     app.include_router(metrics_router)  # Prometheus, unauthenticated like /health
-    mount_console(app)  # the web console's static files; it signs in with a key (/v1)
+    mount_console(app, settings.console_dir)  # static files; it signs in with a key (/v1)
 
     def openapi() -> dict:
         """FastAPI's schema, plus the models the NDJSON streams are made of."""

@@ -4,7 +4,6 @@ The console signs in with an API key and calls /v1 like any client (docs/console
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -31,13 +30,10 @@ class ConsoleFiles(StaticFiles):
         return response
 
 
-def console_dir() -> Path:
-    return Path(os.environ.get("SANDLOT_CONSOLE_DIR") or DEFAULT_DIST)
-
-
-def mount_console(app: FastAPI) -> None:
-    """Serve the console at /console/, or a message saying how to build it."""
-    dist = console_dir()
+def mount_console(app: FastAPI, built: Path | None) -> None:
+    """Serve the console at /console/ from `built` (default console/dist), or a message
+    saying how to build it."""
+    dist = built or DEFAULT_DIST
 
     @app.get("/console", include_in_schema=False)
     async def console_root() -> RedirectResponse:
