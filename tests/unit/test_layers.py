@@ -49,3 +49,15 @@ def test_core_reaches_the_machine_layer_through_the_runtime_interface() -> None:
         if path.name == "templates.py":
             continue
         assert low <= {"sandlot.runtime.base"}, f"{path.relative_to(SRC)} imports {low}"
+
+
+def test_test_modules_have_names_of_their_own() -> None:
+    """pytest imports test modules by their file name (no packages under tests/): two files of
+    one name in two folders stop the whole suite at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        if "node_modules" in path.parts:
+            continue
+        assert path.name not in seen, f"{path} and {seen[path.name]}: one name"
+        seen[path.name] = path

@@ -28,7 +28,7 @@ UNSCOPED = {
     ("GET", "/health"), ("GET", "/e2b/envd/health"),
     ("GET", "/v1/events"),  # the caller's own changes (tests/unit/test_events.py)
     ("GET", "/console"), ("GET", "/console/{path:path}"),  # static files, no data
-    # template builds' names and uploads: tests/unit/test_e2b_templates.py
+    # template builds' names and uploads: tests/unit/test_e2b_template_requests.py
     ("POST", "/e2b/v3/templates"), ("GET", "/e2b/templates/aliases/{alias}"),
     ("PUT", "/e2b/template-uploads/{token}"),
 }
