@@ -54,7 +54,7 @@ from sandlot.errors import (
     PermissionDeniedError,
     SandlotError,
 )
-from sandlot.images import oci, steps
+from sandlot.images import dockersteps, oci, steps
 from sandlot.images.spec import NAME_RE
 from sandlot.runtime.base import Exited, Output, Runtime
 
@@ -260,6 +260,52 @@ class TemplateBuilds:
         self._upload_tokens.pop(token, None)
         await asyncio.to_thread(_keep_newest, target.parent,
                                 self.settings.limits.build_uploads_bytes, target)
+
+    async def store_context(self, context: bytes, who: Principal) -> str:
+        """A build context (a tar, gzipped or not) in the tenant's uploads, unpacked; its
+        files hash (of its bytes: the same context is stored once)."""
+        limit = self.settings.limits.build_upload_bytes
+        if len(context) > limit:
+            raise PayloadTooLargeError(f"a build context is at most {limit} bytes")
+        files_hash = hashlib.sha256(context).hexdigest()
+        target = self._upload_dir(who.tenant, files_hash)
+        if not target.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile() as f:
+                f.write(context)
+                f.seek(0)
+                await asyncio.to_thread(_unpack, f, target, limit)
+            await asyncio.to_thread(_keep_newest, target.parent,
+                                    self.settings.limits.build_uploads_bytes, target)
+        return files_hash
+
+    async def build_dockerfile(self, name: str, text: str, context: bytes | None,
+                               cpus: int | None, memory_mb: int | None,
+                               who: Principal) -> Build:
+        """Build template `name` from a single-stage Dockerfile (images/dockersteps.py) and
+        its context: FROM a template the tenant sees, else an image reference."""
+        files_hash = await self.store_context(context, who) if context else None
+        plan = dockersteps.convert(text, files_hash)
+        base = plan.base
+        template = None
+        if NAME_RE.fullmatch(base.removesuffix(":latest")):
+            try:
+                info = self.templates.get(base.removesuffix(":latest"))
+            except NotFoundError:
+                info = None
+            if info is not None and visible(info, who):
+                template = info.name
+        if template is None:
+            oci.parse_reference(base)  # a bad reference: 400 now
+        build = self.request(name, None, cpus, memory_mb, None, who)
+        for warning in plan.warnings:
+            build.log(warning, "warn")
+        try:
+            return await self.start(build.name, build.build_id, BuildSpec(
+                image=None if template else base, template=template, steps=plan.steps), who)
+        except BaseException:
+            self._builds.pop(build.build_id, None)
+            raise
 
     # ---- builds -----------------------------------------------------------------------
 
