@@ -123,3 +123,22 @@ async def test_rest_builds_answer_4xx(tmp_path) -> None:
             assert (await call("GET", f"/v1/templates/x/builds/{build}")).status_code == 404
             assert (await call("GET", f"/v1/templates/t/builds/{build}",
                                params={"logs_offset": -1})).status_code == 400
+
+
+async def test_the_sdk_raises_the_failing_steps_output(tmp_path) -> None:
+    """`templates.build` sends the Dockerfile's folder and waits; a failed step (the fake
+    runtime runs no command) is a BuildStepError with the step's output."""
+    from sandlot import AsyncSandlot
+    from sandlot.errors import BuildStepError
+
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "Dockerfile").write_text("FROM base\nCOPY a.txt /a.txt\nRUN true\n")
+    (tmp_path / "env" / "a.txt").write_text("1")
+    async with in_process(tmp_path / "srv") as srv:
+        async with AsyncSandlot(srv.url, srv.key, transport=srv.async_transport()) as client:
+            with pytest.raises(BuildStepError) as ei:
+                await client.templates.build("t", dockerfile=tmp_path / "env" / "Dockerfile",
+                                             timeout=60)
+            assert "failed (exit" in ei.value.message
+            with pytest.raises(InvalidArgumentError, match="line 2: ADD"):
+                await client.templates.build("t", dockerfile="FROM base\nADD a /a\n")

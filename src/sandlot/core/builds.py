@@ -99,6 +99,7 @@ class Build:
     logs: list[LogLine] = field(default_factory=list)
     reason: str | None = None
     reason_step: str | None = None  # the failed step, 1-based (E2B's "step")
+    error: str | None = None  # the class name of the error it failed with
     created_at: datetime = field(default_factory=now)
     task: asyncio.Task | None = None
 
@@ -345,6 +346,7 @@ class TemplateBuilds:
                 log.error("template build %s of %s failed", build.build_id, build.name,
                           exc_info=e)
             build.reason, build.status = message, "error"
+            build.error = type(e).__name__ if isinstance(e, SandlotError) else "BuildError"
             build.log(message, "error")
 
     async def _build(self, build: Build, spec: BuildSpec, deadline: float) -> None:

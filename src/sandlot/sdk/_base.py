@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -385,10 +386,15 @@ def build_context(context: str | os.PathLike | bytes | None) -> bytes | None:
     folder = os.fspath(context)
     if not os.path.isdir(folder):
         raise InvalidArgumentError(f"the build context {folder!r} is not a folder")
+    def same(info: tarfile.TarInfo) -> tarfile.TarInfo:  # the same files: the same bytes
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        return info
+
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for entry in sorted(os.listdir(folder)):
-            tar.add(os.path.join(folder, entry), arcname=entry)
+            tar.add(os.path.join(folder, entry), arcname=entry, filter=same)
     return out.getvalue()
 
 
@@ -403,7 +409,7 @@ def dockerfile_text(dockerfile: str | os.PathLike) -> str:
 def build_failed(status: dict[str, Any]) -> SandlotError:
     """The error of a failed template build (its reason ends with the step's output)."""
     reason = status.get("reason") or "the build failed"
-    if status.get("step"):
+    if status.get("error") == "BuildStepError":
         return BuildStepError(reason)
     return BuildError(reason)
 

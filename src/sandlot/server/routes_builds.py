@@ -41,6 +41,8 @@ class BuildStatus(BaseModel):
     status: str = Field(description="waiting, building, ready or error")
     reason: str | None = None
     step: str | None = None
+    error: str | None = Field(None, description="the error's type (BuildStepError: a step "
+                              "failed, the reason ends with its output)")
     logs: list[BuildLog]
     logs_offset: int = Field(description="the index of the first of `logs`")
 
@@ -48,7 +50,8 @@ class BuildStatus(BaseModel):
 def _status(build: Build, offset: int) -> BuildStatus:
     logs = build.logs[offset:offset + MAX_LOG_PAGE]
     return BuildStatus(build_id=build.build_id, name=build.name, status=build.status,
-                       reason=build.reason, step=build.reason_step, logs_offset=offset,
+                       reason=build.reason, step=build.reason_step,
+                       error=build.error, logs_offset=offset,
                        logs=[BuildLog(at=x.at, level=x.level, message=x.message)
                              for x in logs])
 
