@@ -48,6 +48,7 @@ from sandlot.errors import (
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
+    PermissionDeniedError,
     SandlotError,
 )
 
@@ -145,16 +146,27 @@ async def _dockerfile_template(client: AsyncSandlot, cfg: SandlotConfig) -> str:
         raise FileNotFoundError(errno.ENOENT, "sandlot: no such Dockerfile", str(dockerfile))
     context = Path(cfg.context).resolve() if cfg.context else dockerfile.parent
     name = f"{DOCKERFILE_PREFIX}{_context_hash(dockerfile, context)}"
-    try:
-        await client.templates.get(name)
-        return name
-    except NotFoundError:
-        pass
-    log.info("sandlot: building %s from %s", name, dockerfile)
-    await client.templates.build(name, dockerfile=str(dockerfile), context=str(context),
-                                 timeout=cfg.setup_timeout + 600, cpus=cfg.cpus,
-                                 memory_mb=cfg.memory_mb)
-    return name
+    for attempt in (name, f"{name}-{_tenant_suffix()}"):
+        try:
+            await client.templates.get(attempt)
+            return attempt
+        except NotFoundError:
+            pass
+        log.info("sandlot: building %s from %s", attempt, dockerfile)
+        try:
+            await client.templates.build(attempt, dockerfile=str(dockerfile),
+                                         context=str(context), timeout=cfg.setup_timeout + 600,
+                                         cpus=cfg.cpus, memory_mb=cfg.memory_mb)
+            return attempt
+        except PermissionDeniedError:
+            continue  # another tenant built the same files under this name
+    raise PermissionDeniedError(f"sandlot: cannot build template {name!r} (not yours)")
+
+
+def _tenant_suffix() -> str:
+    """A name part of this key's own (not the key: a hash of it)."""
+    key = os.environ.get("SANDLOT_API_KEY", "")
+    return hashlib.sha256(b"sandlot-inspect " + key.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
