@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandlot import Sandlot
@@ -169,15 +170,23 @@ def test_a_task_whose_sandbox_is_a_dockerfile(server, tmp_path, monkeypatch):
     task = Task(dataset=[Sample(input="one", target=target),
                          Sample(input="two", target=target)],
                 solver=look(), scorer=includes(), sandbox=("sandlot", "env/Dockerfile"))
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
-    assert log.status == "success", log.error
-    outputs = [s.output.completion for s in log.samples]
-    assert [s.scores["includes"].value for s in log.samples] == ["C", "C"], outputs
-
     with Sandlot(**server.client_kwargs()) as client:
-        built = [t for t in client.templates.list() if t.name.startswith("inspect-")]
-        assert len(built) == 1, built
-        again = client.templates.build(built[0].name, dockerfile=str(tmp_path / "env" /
-                                                                      "Dockerfile"),
-                                       timeout=600)
-        assert again.built_at == built[0].built_at  # served from the cache
+        before = {t.name for t in client.templates.list()}
+    try:
+        [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"),
+                     display="none")
+        assert log.status == "success", log.error
+        outputs = [s.output.completion for s in log.samples]
+        assert [s.scores["includes"].value for s in log.samples] == ["C", "C"], outputs
+        with Sandlot(**server.client_kwargs()) as client:
+            built = [t for t in client.templates.list() if t.name not in before]
+            assert len(built) == 1 and built[0].name.startswith("inspect-"), built
+            again = client.templates.build(
+                built[0].name, dockerfile=str(tmp_path / "env" / "Dockerfile"), timeout=600)
+            assert again.built_at == built[0].built_at  # served from the cache
+    finally:  # templates live in the images folder the test servers share
+        with Sandlot(**server.client_kwargs()) as client:
+            for t in client.templates.list():
+                if t.name not in before:
+                    httpx.delete(f"{server.url}/e2b/templates/{t.name}",
+                                 headers={"x-api-key": server.key}, timeout=60)

@@ -138,7 +138,7 @@ def _context_hash(dockerfile: Path, context: Path) -> str:
 
 async def _dockerfile_template(client: AsyncSandlot, cfg: SandlotConfig) -> str:
     """The template of the config's Dockerfile: `inspect-<hash>` of it and its context,
-    built by the server unless it is there already."""
+    built by the server (once: an unchanged build is served from its cache)."""
     if cfg.image:
         raise ValueError("sandlot: give `dockerfile` or `image`, not both")
     dockerfile = Path(cfg.dockerfile or "").resolve()
@@ -147,11 +147,8 @@ async def _dockerfile_template(client: AsyncSandlot, cfg: SandlotConfig) -> str:
     context = Path(cfg.context).resolve() if cfg.context else dockerfile.parent
     name = f"{DOCKERFILE_PREFIX}{_context_hash(dockerfile, context)}"
     for attempt in (name, f"{name}-{_tenant_suffix()}"):
-        try:
-            await client.templates.get(attempt)
-            return attempt
-        except NotFoundError:
-            pass
+        # always a build request: the server serves an unchanged one from its cache, and
+        # rebuilds a template whose snapshot is gone
         log.info("sandlot: building %s from %s", attempt, dockerfile)
         try:
             await client.templates.build(attempt, dockerfile=str(dockerfile),
