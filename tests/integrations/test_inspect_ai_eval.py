@@ -134,6 +134,8 @@ DOCKERFILE = """FROM base
 ARG GREETING=hello
 COPY data/hello.txt /opt/task/
 RUN echo "$GREETING built $(cat /opt/task/hello.txt)" > /opt/task/run.txt
+COPY data/tool.sh /usr/local/bin/
+RUN tool.sh >> /opt/task/run.txt
 ENV TASK_MODE=dockerfile
 WORKDIR /opt/task
 CMD ["sleep", "infinity"]
@@ -154,6 +156,8 @@ def test_a_task_whose_sandbox_is_a_dockerfile(server, tmp_path, monkeypatch):
     (tmp_path / "env" / "data").mkdir(parents=True)
     (tmp_path / "env" / "Dockerfile").write_text(DOCKERFILE)
     (tmp_path / "env" / "data" / "hello.txt").write_text("from-context\n")
+    (tmp_path / "env" / "data" / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
+    (tmp_path / "env" / "data" / "tool.sh").chmod(0o755)  # COPY keeps it executable
     monkeypatch.chdir(tmp_path)
 
     @solver
@@ -166,7 +170,7 @@ def test_a_task_whose_sandbox_is_a_dockerfile(server, tmp_path, monkeypatch):
             return state
         return solve
 
-    target = "/opt/task\nfrom-context\nhello built from-context\nmode=dockerfile"
+    target = "/opt/task\nfrom-context\nhello built from-context\ntool ran\nmode=dockerfile"
     task = Task(dataset=[Sample(input="one", target=target),
                          Sample(input="two", target=target)],
                 solver=look(), scorer=includes(), sandbox=("sandlot", "env/Dockerfile"))

@@ -460,6 +460,7 @@ class TemplateBuilds:
         into = a[1].endswith("/") or len(matches) > 1 or matches[0].is_dir()
         owner = (a[2] if len(a) > 2 and a[2] else state.user).split(":", 1)[0]
         written: list[str] = []
+        runnable: list[str] = []
         for m in matches:
             files = sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else [m]
             for f in files:
@@ -468,9 +469,14 @@ class TemplateBuilds:
                 await self.core.files.write(sid, target, _chunks(f), user=owner,
                                             who=tenant_of(build.owner))
                 written.append(target)
+                if f.stat().st_mode & 0o111:
+                    runnable.append(target)
         if len(a) > 3 and a[3]:
             await self._exec(build, sid, f"chmod {a[3]} " + " ".join(
                 shlex.quote(w) for w in written), "root", "/", {}, n, deadline)
+        elif runnable:  # as Docker copies: an executable file stays one
+            await self._exec(build, sid, "chmod a+x " + " ".join(
+                shlex.quote(w) for w in runnable), "root", "/", {}, n, deadline)
         build.log(f"copied {len(written)} file(s) to {dest}")
 
     async def _exec(self, build: Build, sid: str, cmd: str, user: str, cwd: str,
