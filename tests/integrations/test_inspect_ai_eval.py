@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandlot import Sandlot
@@ -127,3 +128,69 @@ def test_without_a_snapshot_every_sample_runs_the_setup(server, tmp_path):
     assert log.status == "success", log.error
     ids = {s.output.completion for s in log.samples}
     assert len(ids) == 2 and all(len(i) == 36 for i in ids), ids
+
+
+DOCKERFILE = """FROM base
+ARG GREETING=hello
+COPY data/hello.txt /opt/task/
+RUN echo "$GREETING built $(cat /opt/task/hello.txt)" > /opt/task/run.txt
+COPY data/tool.sh /usr/local/bin/
+RUN tool.sh >> /opt/task/run.txt
+ENV TASK_MODE=dockerfile
+WORKDIR /opt/task
+CMD ["sleep", "infinity"]
+"""
+
+
+def test_a_task_whose_sandbox_is_a_dockerfile(server, tmp_path, monkeypatch):
+    """``sandbox=("sandlot", "env/Dockerfile")``, relative to the task's folder: task_init has
+    the server build it (FROM a template, a COPY from its folder, a RUN) into an
+    `inspect-<hash>` template once; the samples see the COPY'd file, the RUN's effect, the ENV
+    and the WORKDIR. Building it again through the SDK is served from the cache."""
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import solver
+    from inspect_ai.util import sandbox
+
+    (tmp_path / "env" / "data").mkdir(parents=True)
+    (tmp_path / "env" / "Dockerfile").write_text(DOCKERFILE)
+    (tmp_path / "env" / "data" / "hello.txt").write_text("from-context\n")
+    (tmp_path / "env" / "data" / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
+    (tmp_path / "env" / "data" / "tool.sh").chmod(0o755)  # COPY keeps it executable
+    monkeypatch.chdir(tmp_path)
+
+    @solver
+    def look():
+        async def solve(state, generate_):
+            result = await sandbox().exec(
+                ["sh", "-c", f"echo {state.input}; pwd; cat hello.txt run.txt; "
+                 "echo mode=$TASK_MODE"])
+            state.output.completion = result.stdout + result.stderr
+            return state
+        return solve
+
+    target = "/opt/task\nfrom-context\nhello built from-context\ntool ran\nmode=dockerfile"
+    task = Task(dataset=[Sample(input="one", target=target),
+                         Sample(input="two", target=target)],
+                solver=look(), scorer=includes(), sandbox=("sandlot", "env/Dockerfile"))
+    with Sandlot(**server.client_kwargs()) as client:
+        before = {t.name for t in client.templates.list()}
+    try:
+        [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"),
+                     display="none")
+        assert log.status == "success", log.error
+        outputs = [s.output.completion for s in log.samples]
+        assert [s.scores["includes"].value for s in log.samples] == ["C", "C"], outputs
+        with Sandlot(**server.client_kwargs()) as client:
+            built = [t for t in client.templates.list() if t.name not in before]
+            assert len(built) == 1 and built[0].name.startswith("inspect-"), built
+            again = client.templates.build(
+                built[0].name, dockerfile=str(tmp_path / "env" / "Dockerfile"), timeout=600)
+            assert again.built_at == built[0].built_at  # served from the cache
+    finally:  # templates live in the images folder the test servers share
+        with Sandlot(**server.client_kwargs()) as client:
+            for t in client.templates.list():
+                if t.name not in before:
+                    httpx.delete(f"{server.url}/e2b/templates/{t.name}",
+                                 headers={"x-api-key": server.key}, timeout=60)

@@ -70,3 +70,17 @@ def test_errors_map_to_the_os_errors_inspect_expects():
 def test_config_is_hashable_with_env():
     a, b = SandlotConfig(env={"A": "1"}), SandlotConfig(env={"A": "1"})
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+
+
+def test_a_config_string_may_name_a_dockerfile(tmp_path) -> None:
+    from sandlot.integrations.inspect_ai import _context_hash, load_config
+
+    for name in ("Dockerfile", "env/Dockerfile", "task.Dockerfile", "Dockerfile.dev"):
+        assert load_config(name).dockerfile == name and load_config(name).template == "base"
+    assert load_config("python-env").dockerfile is None
+    (tmp_path / "Dockerfile").write_text("FROM base\n")
+    (tmp_path / "a").write_text("1")
+    first = _context_hash(tmp_path / "Dockerfile", tmp_path)
+    assert _context_hash(tmp_path / "Dockerfile", tmp_path) == first
+    (tmp_path / "a").write_text("2")
+    assert _context_hash(tmp_path / "Dockerfile", tmp_path) != first

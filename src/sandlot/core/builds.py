@@ -54,7 +54,7 @@ from sandlot.errors import (
     PermissionDeniedError,
     SandlotError,
 )
-from sandlot.images import oci, steps
+from sandlot.images import dockersteps, oci, steps
 from sandlot.images.spec import NAME_RE
 from sandlot.runtime.base import Exited, Output, Runtime
 
@@ -99,6 +99,7 @@ class Build:
     logs: list[LogLine] = field(default_factory=list)
     reason: str | None = None
     reason_step: str | None = None  # the failed step, 1-based (E2B's "step")
+    error: str | None = None  # the class name of the error it failed with
     created_at: datetime = field(default_factory=now)
     task: asyncio.Task | None = None
 
@@ -261,6 +262,52 @@ class TemplateBuilds:
         await asyncio.to_thread(_keep_newest, target.parent,
                                 self.settings.limits.build_uploads_bytes, target)
 
+    async def store_context(self, context: bytes, who: Principal) -> str:
+        """A build context (a tar, gzipped or not) in the tenant's uploads, unpacked; its
+        files hash (of its bytes: the same context is stored once)."""
+        limit = self.settings.limits.build_upload_bytes
+        if len(context) > limit:
+            raise PayloadTooLargeError(f"a build context is at most {limit} bytes")
+        files_hash = hashlib.sha256(context).hexdigest()
+        target = self._upload_dir(who.tenant, files_hash)
+        if not target.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile() as f:
+                f.write(context)
+                f.seek(0)
+                await asyncio.to_thread(_unpack, f, target, limit)
+            await asyncio.to_thread(_keep_newest, target.parent,
+                                    self.settings.limits.build_uploads_bytes, target)
+        return files_hash
+
+    async def build_dockerfile(self, name: str, text: str, context: bytes | None,
+                               cpus: int | None, memory_mb: int | None,
+                               who: Principal) -> Build:
+        """Build template `name` from a single-stage Dockerfile (images/dockersteps.py) and
+        its context: FROM a template the tenant sees, else an image reference."""
+        files_hash = await self.store_context(context, who) if context else None
+        plan = dockersteps.convert(text, files_hash)
+        base = plan.base
+        template = None
+        if NAME_RE.fullmatch(base.removesuffix(":latest")):
+            try:
+                info = self.templates.get(base.removesuffix(":latest"))
+            except NotFoundError:
+                info = None
+            if info is not None and visible(info, who):
+                template = info.name
+        if template is None:
+            oci.parse_reference(base)  # a bad reference: 400 now
+        build = self.request(name, None, cpus, memory_mb, None, who)
+        for warning in plan.warnings:
+            build.log(warning, "warn")
+        try:
+            return await self.start(build.name, build.build_id, BuildSpec(
+                image=None if template else base, template=template, steps=plan.steps), who)
+        except BaseException:
+            self._builds.pop(build.build_id, None)
+            raise
+
     # ---- builds -----------------------------------------------------------------------
 
     async def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal
@@ -299,6 +346,7 @@ class TemplateBuilds:
                 log.error("template build %s of %s failed", build.build_id, build.name,
                           exc_info=e)
             build.reason, build.status = message, "error"
+            build.error = type(e).__name__ if isinstance(e, SandlotError) else "BuildError"
             build.log(message, "error")
 
     async def _build(self, build: Build, spec: BuildSpec, deadline: float) -> None:
@@ -412,6 +460,7 @@ class TemplateBuilds:
         into = a[1].endswith("/") or len(matches) > 1 or matches[0].is_dir()
         owner = (a[2] if len(a) > 2 and a[2] else state.user).split(":", 1)[0]
         written: list[str] = []
+        runnable: list[str] = []
         for m in matches:
             files = sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else [m]
             for f in files:
@@ -420,9 +469,14 @@ class TemplateBuilds:
                 await self.core.files.write(sid, target, _chunks(f), user=owner,
                                             who=tenant_of(build.owner))
                 written.append(target)
+                if f.stat().st_mode & 0o111:
+                    runnable.append(target)
         if len(a) > 3 and a[3]:
             await self._exec(build, sid, f"chmod {a[3]} " + " ".join(
                 shlex.quote(w) for w in written), "root", "/", {}, n, deadline)
+        elif runnable:  # as Docker copies: an executable file stays one
+            await self._exec(build, sid, "chmod a+x " + " ".join(
+                shlex.quote(w) for w in runnable), "root", "/", {}, n, deadline)
         build.log(f"copied {len(written)} file(s) to {dest}")
 
     async def _exec(self, build: Build, sid: str, cmd: str, user: str, cwd: str,

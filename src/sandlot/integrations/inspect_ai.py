@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from sandlot.errors import (
     InvalidArgumentError,
     InvalidStateError,
     NotFoundError,
+    PermissionDeniedError,
     SandlotError,
 )
 
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 TAG = "inspect_ai"  # metadata key of every sandbox this provider starts (cli_cleanup finds them)
 SNAPSHOT_PREFIX = "inspect-"  # the names of the task snapshots
+DOCKERFILE_PREFIX = "inspect-"  # the templates built of tasks' Dockerfiles
 INLINE_STDIN = 256 * 1024  # bytes of stdin sent with the command; more goes through a file
 INLINE_COMMAND = 64 * 1024  # bytes of command line sent as is; more goes through a file
 SPILL_DIR = "/tmp"
@@ -62,7 +65,9 @@ SPILL_DIR = "/tmp"
 class SandlotConfig(BaseModel):
     """``sandbox=("sandlot", SandlotConfig(...))``, or the same keys in a JSON/YAML file.
 
-    `template` (or `image`, an OCI reference) is what the task starts from; `setup` a shell
+    `template` (or `image`, an OCI reference, or `dockerfile`, a one-stage Dockerfile built
+    by the server into a template once, its COPYs from `context`, default the Dockerfile's
+    folder; relative paths from the task's folder) is what the task starts from; `setup` a shell
     command run once, as root, before the task's snapshot (with `snapshot=False` it runs for
     every sample instead: no snapshot). `user`/`workdir`: who `exec` runs as and where
     relative paths resolve (default: the template's). `timeout`: each sandbox's lifetime (s).
@@ -72,6 +77,8 @@ class SandlotConfig(BaseModel):
 
     template: str = "base"
     image: str | None = None
+    dockerfile: str | None = None
+    context: str | None = None
     setup: str | None = None
     setup_timeout: int = 1800
     snapshot: bool = True
@@ -104,9 +111,59 @@ def load_config(config: SandboxEnvironmentConfigType | None) -> SandlotConfig:
         import yaml  # Inspect depends on PyYAML
 
         return SandlotConfig.model_validate(yaml.safe_load(text) or {})
+    if isinstance(config, str) and _names_dockerfile(config):
+        return SandlotConfig(dockerfile=config)
     if isinstance(config, str):
         return SandlotConfig(template=config)
     raise TypeError(f"sandlot: unsupported sandbox config {config!r}")
+
+
+def _names_dockerfile(config: str) -> bool:
+    """Whether a config string names a Dockerfile (``Dockerfile``, ``x.Dockerfile``,
+    ``Dockerfile.x``), as Inspect's docker provider takes one."""
+    name = posixpath.basename(config.replace("\\", "/")).lower()
+    return name.endswith("dockerfile") or name.startswith("dockerfile.")
+
+
+def _context_hash(dockerfile: Path, context: Path) -> str:
+    """A hash of a Dockerfile and its context's files (paths, modes and contents)."""
+    h = hashlib.sha256(dockerfile.read_bytes())
+    for path in sorted(context.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            h.update(b"\0" + str(path.relative_to(context)).encode() + b"\0")
+            h.update(str(path.stat().st_mode & 0o777).encode() + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:20]
+
+
+async def _dockerfile_template(client: AsyncSandlot, cfg: SandlotConfig) -> str:
+    """The template of the config's Dockerfile: `inspect-<hash>` of it and its context,
+    built by the server (once: an unchanged build is served from its cache)."""
+    if cfg.image:
+        raise ValueError("sandlot: give `dockerfile` or `image`, not both")
+    dockerfile = Path(cfg.dockerfile or "").resolve()
+    if not dockerfile.is_file():
+        raise FileNotFoundError(errno.ENOENT, "sandlot: no such Dockerfile", str(dockerfile))
+    context = Path(cfg.context).resolve() if cfg.context else dockerfile.parent
+    name = f"{DOCKERFILE_PREFIX}{_context_hash(dockerfile, context)}"
+    for attempt in (name, f"{name}-{_tenant_suffix()}"):
+        # always a build request: the server serves an unchanged one from its cache, and
+        # rebuilds a template whose snapshot is gone
+        log.info("sandlot: building %s from %s", attempt, dockerfile)
+        try:
+            await client.templates.build(attempt, dockerfile=str(dockerfile),
+                                         context=str(context), timeout=cfg.setup_timeout + 600,
+                                         cpus=cfg.cpus, memory_mb=cfg.memory_mb)
+            return attempt
+        except PermissionDeniedError:
+            continue  # another tenant built the same files under this name
+    raise PermissionDeniedError(f"sandlot: cannot build template {name!r} (not yours)")
+
+
+def _tenant_suffix() -> str:
+    """A name part of this key's own (not the key: a hash of it)."""
+    key = os.environ.get("SANDLOT_API_KEY", "")
+    return hashlib.sha256(b"sandlot-inspect " + key.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
@@ -117,6 +174,7 @@ class _Prepared:
     snapshot_id: str | None
     workdir: str
     user: str
+    template: str  # what samples without a snapshot start from
 
 
 # Prepared environments by config: Inspect calls `task_init("startup", config)` and
@@ -182,18 +240,21 @@ async def _prepare(cfg: SandlotConfig) -> _Prepared:
         # workdir and user
         probe_cfg = cfg if cfg.snapshot else cfg.model_copy(update={"setup": None})
         async with AsyncSandlot(cfg.api_url) as client:
+            if cfg.dockerfile:
+                probe_cfg = probe_cfg.model_copy(update={
+                    "template": await _dockerfile_template(client, cfg), "dockerfile": None})
             sbx, workdir, user = await _create(client, probe_cfg, None, "setup",
                                                cfg.setup_timeout + 600)
             try:
                 snapshot_id = None
                 if cfg.snapshot:
-                    snap = await sbx.create_snapshot(_snapshot_name(cfg))
+                    snap = await sbx.create_snapshot(_snapshot_name(probe_cfg))
                     await snap.wait(timeout=900)
                     snapshot_id = snap.snapshot_id
             finally:
                 with contextlib.suppress(Exception):
                     await sbx.kill()
-        _TASKS[key] = prepared = _Prepared(snapshot_id, workdir, user)
+        _TASKS[key] = prepared = _Prepared(snapshot_id, workdir, user, probe_cfg.template)
         return prepared
 
 
@@ -285,6 +346,7 @@ class SandlotSandboxEnvironment(SandboxEnvironment):
                     snapshot_id=prepared.snapshot_id, timeout=cfg.timeout,
                     metadata=_tags(task_name, "sample"), internet=cfg.internet)
             else:
+                cfg = cfg.model_copy(update={"template": prepared.template, "dockerfile": None})
                 sbx, _, _ = await _create(client, cfg, task_name, "sample", cfg.timeout)
         except BaseException:
             await client.aclose()

@@ -4,10 +4,14 @@ thin wrappers that only send what these functions build."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import gzip
+import io
 import json
 import os
 import re
+import tarfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +22,8 @@ import httpx
 
 from sandlot.errors import (
     AuthenticationError,
+    BuildError,
+    BuildStepError,
     InvalidArgumentError,
     SandboxError,
     SandlotError,
@@ -357,6 +363,72 @@ def list_templates() -> Request:
 
 def get_template(name: str) -> Request:
     return Request("GET", f"/v1/templates/{_seg(name)}")
+
+
+def build_template(name: str, dockerfile: str, context: bytes | None, *,
+                   cpus: int | None = None, memory_mb: int | None = None) -> Request:
+    body: dict[str, Any] = {"dockerfile": dockerfile, "cpus": cpus, "memory_mb": memory_mb}
+    if context:
+        body["context"] = base64.b64encode(context).decode()
+    return Request("POST", f"/v1/templates/{_seg(name)}/builds", json=body)
+
+
+def template_build(name: str, build_id: str, logs_offset: int = 0) -> Request:
+    return Request("GET", f"/v1/templates/{_seg(name)}/builds/{_seg(build_id)}",
+                   params={"logs_offset": logs_offset})
+
+
+def build_context(context: str | os.PathLike | bytes | None) -> bytes | None:
+    """A build context as the bytes of a tar.gz: a folder's files (packed), or a tar's
+    bytes as they are."""
+    if context is None or isinstance(context, bytes | bytearray):
+        return bytes(context) if context is not None else None
+    folder = os.fspath(context)
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(f"the build context {folder!r} is not a folder")
+    def same(info: tarfile.TarInfo) -> tarfile.TarInfo:  # the same files: the same bytes
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        return info
+
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(os.listdir(folder)):
+            tar.add(os.path.join(folder, entry), arcname=entry, filter=same)
+    return out.getvalue()
+
+
+def dockerfile_text(dockerfile: str | os.PathLike) -> str:
+    """A Dockerfile's text: a path to one, or the text (a string holding a newline)."""
+    if isinstance(dockerfile, str) and "\n" in dockerfile:
+        return dockerfile
+    with open(dockerfile, encoding="utf-8") as f:
+        return f.read()
+
+
+def build_failed(status: dict[str, Any]) -> SandlotError:
+    """The error of a failed template build (its reason ends with the step's output)."""
+    reason = status.get("reason") or "the build failed"
+    if status.get("error") == "BuildStepError":
+        return BuildStepError(reason)
+    return BuildError(reason)
+
+
+def clock() -> float:
+    return time.monotonic()
+
+
+def build_waited(status: dict[str, Any], started: float, timeout: float | None) -> bool:
+    """Whether a wait for a build is over: raises its error if it failed, WaitTimeoutError
+    past `timeout` s from `started` (time.monotonic())."""
+    if status.get("status") == "ready":
+        return True
+    if status.get("status") == "error":
+        raise build_failed(status)
+    if timeout is not None and time.monotonic() - started > timeout:
+        raise WaitTimeoutError(f"the build of template {status.get('name')!r} is still "
+                               f"{status.get('status')} after {timeout:g} s")
+    return False
 
 
 def list_hosts() -> Request:

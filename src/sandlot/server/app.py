@@ -28,6 +28,7 @@ from sandlot.server.forward import PEER_SECRET, ForwardToOwner, Peers
 from sandlot.server.metrics import Metrics
 from sandlot.server.metrics import router as metrics_router
 from sandlot.server.ports import E2BNames, PortRoutes, new_transport
+from sandlot.server.routes_builds import router as builds_router
 from sandlot.server.routes_commands import STREAM_SCHEMAS
 from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_events import router as events_router
@@ -90,7 +91,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.add_middleware(E2BNames)  # api.<domain>, 49983-<sandbox id>.<domain>: E2B's URLs
     auth = [Depends(require_key)]
     for router in (sandboxes_router, commands_router, files_router, snapshots_router,
-                   hosts_router, events_router):
+                   hosts_router, events_router, builds_router):
         app.include_router(router, dependencies=auth)
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
     app.include_router(metrics_router)  # Prometheus, unauthenticated like /health

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import Any
 
 import httpx
@@ -118,6 +120,27 @@ class AsyncTemplates:
     async def get(self, name: str) -> TemplateInfo:
         """The template called `name`."""
         return TemplateInfo.model_validate(await self._api.call(_base.get_template(name)))
+
+    async def build(self, name: str, *, dockerfile: str | os.PathLike,
+                    context: str | os.PathLike | bytes | None = None,
+                    timeout: float | None = 3600, cpus: int | None = None,
+                    memory_mb: int | None = None) -> TemplateInfo:
+        """Build template `name` (yours) from a one-stage Dockerfile (a path, or its text)
+        on the server, in a sandbox of its FROM (a template or an image), and wait for it.
+        `context`: the folder COPY takes files from (default: the Dockerfile's folder when
+        it is a path), or a tar's bytes. An unchanged build is served from the cache.
+        Raises BuildStepError (the failing step's output), or WaitTimeoutError."""
+        text = _base.dockerfile_text(dockerfile)
+        if context is None and not (isinstance(dockerfile, str) and "\n" in dockerfile):
+            context = os.path.dirname(os.path.abspath(os.fspath(dockerfile)))
+        status = await self._api.call(_base.build_template(
+            name, text, _base.build_context(context), cpus=cpus, memory_mb=memory_mb))
+        started = _base.clock()
+        while not _base.build_waited(status, started, timeout):
+            await asyncio.sleep(1)
+            seen = status.get("logs_offset", 0) + len(status.get("logs") or [])
+            status = await self._api.call(_base.template_build(name, status["build_id"], seen))
+        return await self.get(name)
 
 
 class AsyncHosts:
