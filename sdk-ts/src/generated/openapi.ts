@@ -624,6 +624,66 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Events
+         * @description Changes to the records the key may see, pushed as they are saved on this host.
+         */
+        get: operations["events_v1_events_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}/builds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Build Template
+         * @description Start building template `name` from a Dockerfile; poll its status.
+         */
+        post: operations["build_template_v1_templates__name__builds_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}/builds/{build_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Template Build
+         * @description A build's status, its logs from `logs_offset`, and why it failed.
+         */
+        get: operations["template_build_v1_templates__name__builds__build_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/health": {
         parameters: {
             query?: never;
@@ -649,6 +709,46 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** BuildLog */
+        BuildLog: {
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Level */
+            level: string;
+            /** Message */
+            message: string;
+        };
+        /** BuildStatus */
+        BuildStatus: {
+            /** Build Id */
+            build_id: string;
+            /** Name */
+            name: string;
+            /**
+             * Status
+             * @description waiting, building, ready or error
+             */
+            status: string;
+            /** Reason */
+            reason?: string | null;
+            /** Step */
+            step?: string | null;
+            /**
+             * Error
+             * @description the error's type (BuildStepError: a step failed, the reason ends with its output)
+             */
+            error?: string | null;
+            /** Logs */
+            logs: components["schemas"]["BuildLog"][];
+            /**
+             * Logs Offset
+             * @description the index of the first of `logs`
+             */
+            logs_offset: number;
+        };
         /**
          * CreateSandbox
          * @description A new sandbox from a template, a snapshot or an OCI image.
@@ -701,6 +801,23 @@ export interface components {
              * @description an OCI image reference (`python:3.12-slim`, `registry:5000/team/app@sha256:...`): pulled and made a template on first use (by digest), a restore after that
              */
             image?: string | null;
+        };
+        /** DockerfileBuild */
+        DockerfileBuild: {
+            /**
+             * Dockerfile
+             * @description the Dockerfile's text (one stage)
+             */
+            dockerfile: string;
+            /**
+             * Context
+             * @description the build context: a tar (gzipped or not), base64
+             */
+            context?: string | null;
+            /** Cpus */
+            cpus?: number | null;
+            /** Memory Mb */
+            memory_mb?: number | null;
         };
         /** ExecRequest */
         ExecRequest: {
@@ -2722,6 +2839,95 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["HostInfo"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    events_v1_events_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Server-sent events: ready, then sandbox, snapshot or reload. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": unknown;
+                };
+            };
+        };
+    };
+    build_template_v1_templates__name__builds_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DockerfileBuild"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BuildStatus"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    template_build_v1_templates__name__builds__build_id__get: {
+        parameters: {
+            query?: {
+                logs_offset?: number;
+            };
+            header?: never;
+            path: {
+                name: string;
+                build_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BuildStatus"];
                 };
             };
             /** @description Validation Error */
