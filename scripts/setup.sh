@@ -12,6 +12,7 @@ APT_PACKAGES=(
   docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
   golang-go  # builds the guest agent and init (static, standard library only) for templates
   gcc libc6-dev  # builds the library QEMU preloads for write tracking (vmm/write_tracking.c)
+  fuse3  # lazy restore: an image this host lacks is mounted from the store (runtime/lazy.py)
   chromium  # tests/console: the console in a real headless browser (Playwright drives it)
 )
 missing=()

@@ -174,6 +174,11 @@ class Settings:
     api_key: str | None = None  # SANDLOT_API_KEY: an admin key the server adds at its start
     log_level: str = "INFO"  # SANDLOT_LOG
     console_dir: Path | None = None  # SANDLOT_CONSOLE_DIR: a built console (default console/dist)
+    # lazy restore (runtime/lazy.py): an image this host lacks is served from the store as it
+    # is read (SANDLOT_LAZY_RESTORE=off: fetched whole first), with this many background
+    # fetches (SANDLOT_LAZY_PREFETCH; 0: only what is read)
+    lazy_restore: bool = True
+    lazy_prefetch: int = 8
 
     @functools.cached_property
     def accelerator(self) -> str:
@@ -226,7 +231,9 @@ class Settings:
                    api_key=os.environ.get("SANDLOT_API_KEY") or None,
                    log_level=os.environ.get("SANDLOT_LOG", "INFO"),
                    console_dir=Path(os.environ["SANDLOT_CONSOLE_DIR"])
-                   if os.environ.get("SANDLOT_CONSOLE_DIR") else None)
+                   if os.environ.get("SANDLOT_CONSOLE_DIR") else None,
+                   lazy_restore=not _off("SANDLOT_LAZY_RESTORE"),
+                   lazy_prefetch=_int_env("SANDLOT_LAZY_PREFETCH", 8))
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

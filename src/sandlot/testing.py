@@ -256,6 +256,7 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.run_root, ignore_errors=True)
+        unmount_under(self.shm_root)  # lazy images' mounts (their processes end with them)
         shutil.rmtree(self.shm_root, ignore_errors=True)
         remove_networks(self.instance)
         Jails(self.instance).recover(keep=set())  # its VMs' uids, cgroups and mount tables
@@ -384,6 +385,16 @@ class ThreadedTransport(httpx.BaseTransport):
 
 
 # ---- an S3 server on loopback -------------------------------------------------------------
+
+
+def unmount_under(root: Path) -> None:
+    """Unmount every FUSE mount under `root` (lazily restored images: runtime/lazy.py)."""
+    prefix = str(root).rstrip("/") + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f if line.split()[1].startswith(prefix)]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["fusermount3", "-u", "-z", point], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @dataclass

@@ -397,7 +397,7 @@ class SandboxManager:
         for live in dead:
             log.warning("sandbox %s: its VM exited on its own: %s", live.sandbox_id,
                         live.vm.diagnostics())
-            live.record.error = "the VM exited unexpectedly"
+            live.record.error = live.vm.exit_reason()
             async with live.lock:
                 if live.sandbox_id in self.live:
                     await self.teardown(live, SandboxState.FAILED)

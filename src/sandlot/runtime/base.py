@@ -166,6 +166,10 @@ class Vm(abc.ABC):
         """What the VM printed last (console, VMM log), for error messages."""
         return ""
 
+    def exit_reason(self) -> str:
+        """Why a VM that exited on its own did, as far as the host knows."""
+        return "the VM exited unexpectedly"
+
 
 class Runtime(abc.ABC):
     """See the module docstring. Every VM a runtime hands out is killed by `kill`."""

@@ -115,9 +115,15 @@ class BringUp(Part):
         return vm
 
     async def _hot(self, image: Image) -> Lease:
+        mount = None
+        lazy = self.host.lazy
+        if lazy is not None and not self.store.local(image):
+            async def mount(entry: Path, names: dict[str, str]):
+                return await lazy.start(entry, await self.store.manifest(image.key), names)
+
         return await self.cache.acquire(image.key, bool(image.machine.dimm_mb),
                                         lambda paths: self.store.fetch(image, paths),
-                                        identity=self.store.identity(image))
+                                        identity=self.store.identity(image), mount=mount)
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
                       boot: bool = False) -> Vm:

@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandlot.errors import StorageError
+from sandlot.runtime.lazy import MOUNT, LazyMount
 
 FILES = {"ram": "ram", "devstate": "devstate", "disk": "disk.qcow2", "dimm": "ram.dimm"}
 _OK = ".ok"
 _ENTRY = "entry.json"
 
 Hydrate = Callable[[dict[str, Path]], Awaitable[None]]
+# Mounts an entry's files from the store (runtime/lazy.py): (entry dir, name -> file name)
+Mount = Callable[[Path, dict[str, str]], Awaitable[LazyMount]]
 
 
 @dataclass
@@ -37,19 +40,22 @@ class Lease:
 
     cache: HotCache
     key: str
+    lazy: LazyMount | None = None  # the files are this mount's (fetched as they are read)
     released: bool = field(default=False, repr=False)
 
     def path(self, name: str) -> Path:
-        return self.cache.dir(self.key) / FILES[name]
+        return self.files()[name]
 
     def files(self) -> dict[str, Path]:
         """The entry's files that exist (``dimm`` only where there is one)."""
+        if self.lazy is not None:
+            return self.lazy.files(self.lazy.names)
         return self.cache.paths(self.key)
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.cache._release(self.key)
+            self.cache._release(self)
 
 
 class HotCache:
@@ -60,10 +66,17 @@ class HotCache:
         self._share = share  # makes a ready entry's files usable by confined VMs
         self._leases: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        if share is not None and root.is_dir():
-            for entry in root.iterdir():
-                if (entry / _OK).exists():
-                    share(entry)
+        self._mounts: dict[str, LazyMount] = {}  # entries served lazily, and their VMs
+        self._lazy_holders: dict[str, int] = {}
+        for entry in root.iterdir() if root.is_dir() else ():
+            if share is not None and (entry / _OK).exists():
+                share(entry)
+            if (entry / MOUNT).is_dir():  # a lazy mount a server before this one started
+                mount = LazyMount.existing(entry)
+                if mount.mounted():
+                    self._mounts[entry.name] = mount  # its VMs are adopted
+                else:
+                    mount.unmount()
 
     def dir(self, key: str) -> Path:
         if "/" in key or key.startswith(".") or not key:
@@ -102,15 +115,19 @@ class HotCache:
         tmp.write_text(json.dumps({**self._entry(key), **fields}))
         tmp.replace(d / _ENTRY)
 
-    def _hold(self, key: str) -> Lease:
+    def _hold(self, key: str, lazy: LazyMount | None = None) -> Lease:
         self._leases[key] = self._leases.get(key, 0) + 1
+        if lazy is not None:
+            self._lazy_holders[key] = self._lazy_holders.get(key, 0) + 1
         with contextlib.suppress(OSError):
             os.utime(self.dir(key))  # recently used
-        return Lease(self, key)
+        return Lease(self, key, lazy)
 
     async def acquire(self, key: str, dimm: bool, hydrate: Hydrate,
-                      identity: str | None = None, memory: bool = True) -> Lease:
-        """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing.
+                      identity: str | None = None, memory: bool = True,
+                      mount: Mount | None = None) -> Lease:
+        """A lease on `key`'s files, hydrating them with `hydrate(paths)` if missing, or
+        with `mount` (lazily: the lease's files are the mount's until the entry is complete).
 
         `identity` names the files the entry must have been made from (a template's build,
         which a rebuild replaces under the same key): an entry made from others is stale and
@@ -126,10 +143,28 @@ class HotCache:
                 raise StorageError(
                     f"image {key} in this host's cache was made from files its build no "
                     "longer has, and running sandboxes use it; kill them to use the new build")
+            lazy = self._mounts.get(key)
+            if lazy is not None and not stale:
+                if lazy.complete() and not self.ready(key):
+                    self.mark_ready(key)
+                if not self.ready(key):
+                    if lazy.failed() is None and lazy.mounted() \
+                            and (not dimm or "dimm" in lazy.names):
+                        return self._hold(key, lazy)
+                    if self.holders(key):
+                        raise StorageError(lazy.failed() or f"image {key}: its lazy mount "
+                                           "is gone")
             if stale or not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
                 self.remove(key)
                 self._write_entry(key, persistent=True, identity=identity, memory=memory)
-                await hydrate(self.paths(key, dimm, memory))
+                paths = self.paths(key, dimm, memory)
+                if mount is not None:
+                    lazy = await mount(self.dir(key), {n: p.name for n, p in paths.items()})
+                    self._mounts[key] = lazy
+                    lease = self._hold(key, lazy)
+                    self.evict()
+                    return lease
+                await hydrate(paths)
                 self.mark_ready(key)
                 lease = self._hold(key)
                 self.evict()
@@ -161,14 +196,27 @@ class HotCache:
         """After a restart: a lease on an entry a surviving VM maps."""
         if not self.dir(key).is_dir():
             return None
-        return self._hold(key)
+        return self._hold(key, self._mounts.get(key) if not self.ready(key) else None)
 
     def mark_ready(self, key: str) -> None:
         if self._share is not None:
             self._share(self.dir(key))
         (self.dir(key) / _OK).touch()
 
-    def _release(self, key: str) -> None:
+    def _release(self, lease: Lease) -> None:
+        key = lease.key
+        if lease.lazy is not None:
+            lazy_left = self._lazy_holders.get(key, 0) - 1
+            if lazy_left > 0:
+                self._lazy_holders[key] = lazy_left
+            else:  # the last VM that maps the mount is gone
+                self._lazy_holders.pop(key, None)
+                if lease.lazy.complete() and lease.lazy.failed() is None \
+                        and not self.ready(key):
+                    self.mark_ready(key)
+                self._unmount(key)
+                if not self.ready(key):
+                    self._write_entry(key, persistent=False)  # incomplete: goes below
         left = self._leases.get(key, 0) - 1
         if left > 0:
             self._leases[key] = left
@@ -187,7 +235,17 @@ class HotCache:
         else:
             self.remove(key)
 
+    def _unmount(self, key: str) -> None:
+        lazy = self._mounts.pop(key, None)
+        if lazy is not None:
+            lazy.unmount()
+
+    def lazy(self, key: str) -> LazyMount | None:
+        """The entry's lazy mount, while it has one."""
+        return self._mounts.get(key)
+
     def remove(self, key: str) -> None:
+        self._unmount(key)
         shutil.rmtree(self.dir(key), ignore_errors=True)
 
     def keys(self) -> list[str]:

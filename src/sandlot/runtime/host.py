@@ -15,10 +15,19 @@ from sandlot.images.guest import build_jail_helper
 from sandlot.runtime.cache import HotCache
 from sandlot.runtime.capacity import HostReserve
 from sandlot.runtime.images import ImageStore
+from sandlot.runtime.lazy import LazyImages
+from sandlot.runtime.lazy import available as lazy_available
 from sandlot.runtime.network import Networking
 from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import MachineDescription
-from sandlot.vmm.jail import Jails, ensure_traversable, has_tools, open_to_vms, share_with_vms
+from sandlot.vmm.jail import (
+    VM_GID,
+    Jails,
+    ensure_traversable,
+    has_tools,
+    open_to_vms,
+    share_with_vms,
+)
 from sandlot.vmm.machine import DEVICE_MODEL, MachineSpec
 from sandlot.vmm.qemu import qemu_info
 
@@ -66,6 +75,10 @@ class QemuHost:
         self.cache = HotCache(settings.hot_dir, settings.cache_mb << 20,
                               share=share_with_vms if self.jails.enabled else None)
         self.store = ImageStore(settings)
+        # images this host lacks are served from the store as they are read (runtime/lazy.py)
+        self.lazy = LazyImages(self.store.store.url, VM_GID if self.jails.enabled else None,
+                               settings.lazy_prefetch) \
+            if settings.lazy_restore and lazy_available() else None
         self.tasks: set[asyncio.Task] = set()
 
     def vm_paths(self) -> None:

@@ -121,11 +121,16 @@ class ImageStore:
         self._manifests[image.key] = manifest
         return Stored(size_bytes=manifest.size_bytes, stored_bytes=added)
 
+    def local(self, image: Image, names: tuple[str, ...] = ("ram", "devstate", "disk")) -> bool:
+        """Whether this host has the image's files without the store (a template it built)."""
+        local = self.local_image(image.build)
+        return image.is_template and all((local / IMAGE_FILES[n]).exists() for n in names)
+
     async def fetch(self, image: Image, targets: dict[str, Path]) -> None:
         """An image's files into `targets`: a template's from its local build when this host
         has it, else from the store, every chunk verified."""
         local = self.local_image(image.build)
-        if image.is_template and all((local / IMAGE_FILES[n]).exists() for n in targets):
+        if self.local(image, tuple(targets)):
             for name, target in targets.items():
                 await asyncio.to_thread(copy_sparse, local / IMAGE_FILES[name], target)
             return

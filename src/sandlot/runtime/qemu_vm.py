@@ -70,6 +70,13 @@ class QemuVm(Vm):
             raise GuestError(f"sandbox {self.id}: agent unreachable: {e}") from e
         return self.agent
 
+    def exit_reason(self) -> str:
+        lazy = self.lease.lazy if self.lease is not None else None
+        failed = lazy.failed() if lazy is not None else None
+        if failed is not None:  # it touched memory or disk its image could not fetch
+            return f"the VM stopped: {failed}"
+        return super().exit_reason()
+
     def diagnostics(self) -> str:
         return (f"console: {self.machine.console_tail() or 'empty'}; "
                 f"qemu: {self.machine.log_tail(300) or 'empty'}")

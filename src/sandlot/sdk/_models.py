@@ -39,6 +39,7 @@ class SandboxInfo(_Model):
     auto_resume: bool = False
     host: str | None = None
     pid: int | None = None
+    error: str | None = None  # why it failed, if it did
 
 
 class SnapshotInfo(_Model):

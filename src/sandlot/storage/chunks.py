@@ -268,7 +268,7 @@ class ChunkStore:
                         except NotFoundError:
                             raise StorageError(f"{what}: chunk {digest[:16]}... is missing from "
                                                f"the store") from None
-                        data = await asyncio.to_thread(_unpack, packed, digest, chunk, what)
+                        data = await asyncio.to_thread(unpack_chunk, packed, digest, chunk, what)
                         await asyncio.to_thread(os.pwrite, fd, data, index * chunk)
 
                 await asyncio.gather(*(one(i, d) for i, d in wanted.items()))
@@ -281,7 +281,7 @@ class ChunkStore:
             raise
 
 
-def _unpack(packed: bytes, digest: str, chunk: int, what: str) -> bytes:
+def unpack_chunk(packed: bytes, digest: str, chunk: int, what: str) -> bytes:
     try:
         data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=chunk)
     except zstandard.ZstdError as e:

@@ -1,0 +1,180 @@
+"""The lazy image filesystem: one process per image being fetched, serving the image's files
+read-only through FUSE while `storage.lazy.LazyFiles` fills them in from the store.
+
+VMs map the served RAM file copy-on-write and read the served disk layer: a page they touch
+is read through FUSE once (the chunk fetched if it is not local yet), then lives in the page
+cache that every VM of the image on this host shares. The process runs in a session of its
+own, so a server restart does not take it (and the VMs it serves) down; it ends when its
+mount is unmounted (`runtime/lazy.py` does that when the last VM that maps it is gone).
+
+Run as ``python -m sandlot.storage.lazyfs CONFIG`` where CONFIG is a JSON file::
+
+    {"store": URL, "key": KEY, "dir": DIR, "mount": MOUNT, "files": {NAME: FILENAME},
+     "prefetch": 8, "gid": GID}
+
+DIR holds ``manifest.json`` (the image's manifest), receives the files under their FILENAMEs
+and these markers: ``lazy.ready`` (mounted), ``lazy.complete`` (every chunk local and
+verified), ``lazy.failed`` (why a chunk could not be had).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sandlot.errors import NotFoundError, SandlotError
+from sandlot.storage.lazy import LazyFiles, dump_order, load_order, order_key
+from sandlot.storage.manifest import Manifest
+from sandlot.storage.objects import ObjectStore, open_store
+
+READY, COMPLETE, FAILED, MANIFEST = "lazy.ready", "lazy.complete", "lazy.failed", "manifest.json"
+ORDER_WINDOW = 60.0  # seconds of first reads an order records at most
+log = logging.getLogger("sandlot.lazyfs")
+
+
+def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: Path):
+    import mfusepy
+
+    by_path = {f"/{filename}": name for name, filename in names.items()}
+    now = time.time()
+    owner = {"st_uid": 0, "st_gid": gid if gid is not None else 0,
+             "st_atime": now, "st_mtime": now, "st_ctime": now}
+
+    class ImageFS(mfusepy.Operations):
+        use_ns = False
+
+        def init(self, path: str) -> None:
+            (dir_ / READY).touch()
+
+        def getattr(self, path: str, fh=None) -> dict:
+            if path == "/":
+                return {"st_mode": stat.S_IFDIR | 0o750, "st_nlink": 2, **owner}
+            name = by_path.get(path)
+            if name is None:
+                raise mfusepy.FuseOSError(errno.ENOENT)
+            # RAM is opened read-write to be mapped copy-on-write (QEMU 7.2); never written.
+            mode = 0o660 if name.startswith(("ram", "dimm")) else 0o640
+            return {"st_mode": stat.S_IFREG | mode, "st_nlink": 1,
+                    "st_size": files.size(name), **owner}
+
+        def readdir(self, path: str, fh) -> list[str]:
+            return [".", "..", *(p[1:] for p in by_path)]
+
+        def open(self, path: str, flags: int) -> int:
+            if path not in by_path:
+                raise mfusepy.FuseOSError(errno.ENOENT)
+            return 0
+
+        def read(self, path: str, size: int, offset: int, fh) -> bytes:
+            name = by_path.get(path)
+            if name is None:
+                raise mfusepy.FuseOSError(errno.ENOENT)
+            try:
+                return files.read(name, offset, size)
+            except SandlotError as e:
+                log.error("%s", e)
+                raise mfusepy.FuseOSError(errno.EIO) from None
+
+        def write(self, path: str, data, offset: int, fh) -> int:
+            raise mfusepy.FuseOSError(errno.EROFS)
+
+        def truncate(self, path: str, length: int, fh=None) -> None:
+            if name := by_path.get(path):
+                if length == files.size(name):
+                    return
+            raise mfusepy.FuseOSError(errno.EROFS)
+
+        def statfs(self, path: str) -> dict:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+    return ImageFS()
+
+
+async def _fetch_order(objects: ObjectStore, key: str) -> list[tuple[str, int]] | None:
+    try:
+        return load_order(await objects.get(order_key(key)))
+    except NotFoundError:
+        return None
+    except SandlotError as e:
+        log.warning("no prefetch order for %s: %s", key, e)
+        return []
+
+
+async def _save_order(objects: ObjectStore, key: str, files: LazyFiles) -> None:
+    if not files.touched or await objects.exists(order_key(key)):
+        return
+    await objects.put(order_key(key), dump_order(files.touched))
+    log.info("recorded the order of %d chunks of %s", len(files.touched), key)
+
+
+def serve(config: dict) -> None:
+    import mfusepy
+
+    key, dir_ = config["key"], Path(config["dir"])
+    objects = open_store(config["store"])
+    manifest = Manifest.loads((dir_ / MANIFEST).read_bytes(), key)
+    names: dict[str, str] = config["files"]
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="fetch", daemon=True).start()
+
+    def run(coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    async def make() -> LazyFiles:
+        return LazyFiles(objects, {n: (manifest.files[n], dir_ / f) for n, f in names.items()},
+                         f"image {key}", loop)
+
+    files = run(make())
+    order = run(_fetch_order(objects, key), 30)
+    started = time.monotonic()
+
+    async def background() -> None:
+        await files.prefetch(order or (), int(config.get("prefetch", 8)))
+        if files.failed is not None:
+            (dir_ / FAILED).write_text(files.failed)
+            return
+        await files.complete.wait()
+        (dir_ / COMPLETE).write_text(json.dumps({"fetched_bytes": files.fetched_bytes}))
+        log.info("%s: every chunk local (%.1f MiB fetched)", key, files.fetched_bytes / 2**20)
+        if order is None:  # record what the first window of reads touched
+            await asyncio.sleep(max(0.0, ORDER_WINDOW - (time.monotonic() - started)))
+            await _save_order(objects, key, files)
+
+    task = asyncio.run_coroutine_threadsafe(background(), loop)
+    mount = Path(config["mount"])
+    try:
+        mfusepy.FUSE(_operations(files, names, config.get("gid"), dir_), str(mount),
+                     foreground=True, allow_other=True, default_permissions=True,
+                     kernel_cache=True, fsname=f"sandlot-lazy-{key}", subtype="sandlot")
+    finally:
+        task.cancel()
+        if order is None:
+            with contextlib.suppress(Exception):
+                run(_save_order(objects, key, files), 30)
+        if files.failed is not None and not (dir_ / FAILED).exists():
+            (dir_ / FAILED).write_text(files.failed)
+        files.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mfusepy").setLevel(logging.WARNING)
+    config = json.loads(Path(argv[0]).read_text())
+    os.umask(0o027)
+    serve(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
