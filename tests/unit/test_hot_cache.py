@@ -10,6 +10,7 @@ import pytest
 
 from sandlot.errors import StorageError
 from sandlot.runtime.cache import HotCache
+from sandlot.runtime.lazy import LazyMount
 
 
 def hydrator(calls: list[str], content: str):
@@ -87,3 +88,62 @@ async def test_an_entry_whose_files_could_not_be_written_is_fetched(tmp_path) ->
     lease = await asyncio.wait_for(restore, 5)
     assert calls == ["store"] and lease.files()["ram"].read_text() == "store"
     lease.release()
+
+
+class FakeMount(LazyMount):
+    """A lazy mount without FUSE: its files are plain files in the mount dir."""
+
+    unmounted = False
+
+    def mounted(self) -> bool:
+        return not self.unmounted
+
+    def unmount(self) -> None:
+        self.unmounted = True
+
+
+def mounter(made: list[FakeMount]):
+    async def mount(entry, names):
+        lazy = FakeMount(entry, names, prefetch=8)
+        lazy.path.mkdir()
+        for filename in names.values():
+            (lazy.path / filename).write_text("lazy")
+        made.append(lazy)
+        return lazy
+    return mount
+
+
+async def test_a_lazy_entry_is_shared_until_complete_then_ready(tmp_path) -> None:
+    cache = HotCache(tmp_path / "hot")
+    made: list[FakeMount] = []
+    one = await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    two = await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    assert len(made) == 1 and one.lazy is two.lazy is made[0]
+    assert one.files()["ram"] == made[0].path / "ram" and not cache.ready("snap-1")
+    entry = cache.dir("snap-1")
+    for name in ("ram", "devstate", "disk.qcow2"):  # what the mount's process fills in
+        (entry / name).write_text("local")
+    (entry / "lazy.complete").write_text("{}")
+    three = await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    assert three.lazy is None and three.files()["ram"].read_text() == "local"
+    assert cache.ready("snap-1") and len(made) == 1
+    one.release()
+    assert not made[0].unmounted  # `two` still maps it
+    two.release()
+    assert made[0].unmounted
+    three.release()
+    assert cache.ready("snap-1")  # kept, as a hydrated entry is
+
+
+async def test_a_failed_lazy_entry_is_refused_then_mounted_afresh(tmp_path) -> None:
+    cache = HotCache(tmp_path / "hot")
+    made: list[FakeMount] = []
+    held = await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    (cache.dir("snap-1") / "lazy.failed").write_text("chunk 1234 is corrupt")
+    with pytest.raises(StorageError, match="corrupt"):
+        await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    held.release()
+    assert made[0].unmounted and not cache.dir("snap-1").exists()
+    again = await cache.acquire("snap-1", False, hydrator([], "never"), mount=mounter(made))
+    assert len(made) == 2 and again.lazy is made[1]
+    again.release()

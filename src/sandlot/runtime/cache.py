@@ -132,6 +132,8 @@ class HotCache:
         `identity` names the files the entry must have been made from (a template's build,
         which a rebuild replaces under the same key): an entry made from others is stale and
         made again, never paired with files it was not captured with."""
+        for idle in [k for k in self._mounts if not self._lazy_holders.get(k)]:
+            self._settle(idle)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             made_from = self._entry(key).get("identity")
@@ -211,12 +213,7 @@ class HotCache:
                 self._lazy_holders[key] = lazy_left
             else:  # the last VM that maps the mount is gone
                 self._lazy_holders.pop(key, None)
-                if lease.lazy.complete() and lease.lazy.failed() is None \
-                        and not self.ready(key):
-                    self.mark_ready(key)
-                self._unmount(key)
-                if not self.ready(key):
-                    self._write_entry(key, persistent=False)  # incomplete: goes below
+                self._settle(key)
         left = self._leases.get(key, 0) - 1
         if left > 0:
             self._leases[key] = left
@@ -234,6 +231,22 @@ class HotCache:
             self._write_entry(key, persistent=False)
         else:
             self.remove(key)
+
+    def _settle(self, key: str) -> None:
+        """A lazy mount no VM maps: complete, its entry is ready and it goes; failed, it
+        goes with the entry, as it does if it fetches only what is read; else it stays to
+        finish fetching (a later restore maps it, or the first `acquire` after it is complete
+        makes the entry ready)."""
+        lazy = self._mounts.get(key)
+        if lazy is None or self._lazy_holders.get(key):
+            return
+        if lazy.failed() is None and lazy.complete():
+            if not self.ready(key):
+                self.mark_ready(key)
+            self._unmount(key)
+        elif lazy.failed() is not None or not lazy.mounted() or not lazy.prefetch:
+            self._unmount(key)
+            self._write_entry(key, persistent=False)  # incomplete: goes with its leases
 
     def _unmount(self, key: str) -> None:
         lazy = self._mounts.pop(key, None)

@@ -98,6 +98,8 @@ class QemuHost:
         return task
 
     async def stop(self) -> None:
+        if self.lazy is not None:
+            self.lazy.close()
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:

@@ -50,15 +50,16 @@ class LazyMount:
 
     dir: Path
     names: dict[str, str]
+    prefetch: int = 0  # background fetches (0: it fetches only what is read)
 
     @classmethod
     def existing(cls, dir: Path) -> LazyMount:
         """The mount a server before this one started in `dir`."""
         try:
-            names = json.loads((dir / CONFIG).read_text())["files"]
-        except (OSError, ValueError, KeyError):
-            names = {}
-        return cls(dir, names)
+            config = json.loads((dir / CONFIG).read_text())
+            return cls(dir, dict(config["files"]), int(config.get("prefetch", 0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls(dir, {})
 
     @property
     def path(self) -> Path:
@@ -110,22 +111,38 @@ class LazyImages:
         self.store_url = store_url
         self.gid = gid
         self.prefetch = prefetch
+        self._spare: subprocess.Popen | None = _spawn()  # the first lazy restore's
+
+    def _process(self) -> subprocess.Popen:
+        """A mount process, started ahead where one is waiting (its imports are done), and
+        the next one started to wait."""
+        spare, self._spare = self._spare, None
+        if spare is None or spare.poll() is not None:
+            spare = _spawn()
+        self._spare = _spawn()
+        return spare
+
+    def close(self) -> None:
+        """The waiting process ends (it reads EOF)."""
+        if self._spare is not None and self._spare.stdin is not None:
+            self._spare.stdin.close()
+            self._spare.wait()
+        self._spare = None
 
     async def start(self, dir: Path, manifest: Manifest, names: dict[str, str]) -> LazyMount:
         """Mount `manifest`'s files (`names`: file name in the manifest -> served name) from
         the store; the entry `dir` exists and is empty."""
-        mount = LazyMount(dir, names)
+        mount = LazyMount(dir, names, self.prefetch)
         mount.path.mkdir(parents=True, exist_ok=True)
         (dir / MANIFEST).write_bytes(manifest.dumps())
         (dir / CONFIG).write_text(json.dumps({
             "store": self.store_url, "key": manifest.key, "dir": str(dir),
             "mount": str(mount.path), "files": names, "prefetch": self.prefetch,
             "gid": self.gid}))
-        with open(dir / LOG, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "sandlot.storage.lazyfs", str(dir / CONFIG)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env=os.environ.copy())
+        proc = self._process()
+        assert proc.stdin is not None
+        proc.stdin.write(f"{dir / CONFIG}\n".encode())
+        proc.stdin.close()
         deadline = time.monotonic() + START_TIMEOUT
         while not (dir / READY).exists():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -137,6 +154,13 @@ class LazyImages:
             await asyncio.sleep(0.01)
         _reap_later(proc)
         return mount
+
+
+def _spawn() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sandlot.storage.lazyfs", "--wait"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=os.environ.copy())
 
 
 def _reap_later(proc: subprocess.Popen) -> None:

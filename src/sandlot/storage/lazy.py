@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,9 @@ class LazyFiles:
         self.attempts, self.timeout, self.backoff = attempts, timeout, backoff
         self.failed: str | None = None
         self.fetched_bytes = 0  # compressed, from the store
+        self.fetched_chunks = 0
+        self.waits = 0  # reads that waited for a fetch, and how long in all
+        self.waited = 0.0
         self.touched: list[tuple[str, int]] = []  # chunks in the order first read
         self._touch_lock = threading.Lock()
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
@@ -87,6 +91,13 @@ class LazyFiles:
     @property
     def missing(self) -> int:
         return self._missing
+
+    def stats(self) -> dict:
+        return {"fetched_bytes": self.fetched_bytes, "fetched_chunks": self.fetched_chunks,
+                "missing_chunks": self._missing,
+                "chunks": sum(len(f.manifest.chunks) for f in self._files.values()),
+                "touched_chunks": len(self.touched), "reads_waited": self.waits,
+                "waited_ms": round(self.waited * 1000), "failed": self.failed}
 
     def size(self, name: str) -> int:
         return self._files[name].manifest.size
@@ -111,7 +122,11 @@ class LazyFiles:
         self._record(name, f, indices)
         wanted = [i for i in indices if not f.present[i]]
         if wanted:
+            t0 = time.monotonic()
             asyncio.run_coroutine_threadsafe(self._ensure_all(name, wanted), self.loop).result()
+            with self._touch_lock:
+                self.waits += 1
+                self.waited += time.monotonic() - t0
         return os.pread(f.fd, end - offset, offset)
 
     def _record(self, name: str, f: _File, indices: Iterable[int]) -> None:
@@ -167,6 +182,7 @@ class LazyFiles:
             if not f.present[index]:
                 f.present[index] = 1
                 self.fetched_bytes += len(packed)
+                self.fetched_chunks += 1
                 self._missing -= 1
                 if not self._missing:
                     self.complete.set()

@@ -7,14 +7,17 @@ cache that every VM of the image on this host shares. The process runs in a sess
 own, so a server restart does not take it (and the VMs it serves) down; it ends when its
 mount is unmounted (`runtime/lazy.py` does that when the last VM that maps it is gone).
 
-Run as ``python -m sandlot.storage.lazyfs CONFIG`` where CONFIG is a JSON file::
+Run as ``python -m sandlot.storage.lazyfs CONFIG``, or with ``--wait`` to start ahead and read
+CONFIG's path from stdin when it is needed (its imports take ~0.5 s; EOF: exit), where CONFIG
+is a JSON file::
 
     {"store": URL, "key": KEY, "dir": DIR, "mount": MOUNT, "files": {NAME: FILENAME},
      "prefetch": 8, "gid": GID}
 
 DIR holds ``manifest.json`` (the image's manifest), receives the files under their FILENAMEs
 and these markers: ``lazy.ready`` (mounted), ``lazy.complete`` (every chunk local and
-verified), ``lazy.failed`` (why a chunk could not be had).
+verified), ``lazy.failed`` (why a chunk could not be had), ``lazy.stats`` (chunks fetched and
+missing, bytes fetched).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from sandlot.storage.manifest import Manifest
 from sandlot.storage.objects import ObjectStore, open_store
 
 READY, COMPLETE, FAILED, MANIFEST = "lazy.ready", "lazy.complete", "lazy.failed", "manifest.json"
+STATS = "lazy.stats"  # what it fetched so far (JSON), rewritten as it changes
+STATS_INTERVAL = 0.1
 ORDER_WINDOW = 60.0  # seconds of first reads an order records at most
 log = logging.getLogger("sandlot.lazyfs")
 
@@ -149,7 +154,19 @@ def serve(config: dict) -> None:
             await asyncio.sleep(max(0.0, ORDER_WINDOW - (time.monotonic() - started)))
             await _save_order(objects, key, files)
 
+    async def report() -> None:
+        last = None
+        while True:
+            stats = files.stats()
+            if stats != last:
+                tmp = dir_ / (STATS + ".tmp")
+                tmp.write_text(json.dumps(stats))
+                tmp.replace(dir_ / STATS)
+                last = stats
+            await asyncio.sleep(STATS_INTERVAL)
+
     task = asyncio.run_coroutine_threadsafe(background(), loop)
+    reporting = asyncio.run_coroutine_threadsafe(report(), loop)
     mount = Path(config["mount"])
     try:
         mfusepy.FUSE(_operations(files, names, config.get("gid"), dir_), str(mount),
@@ -157,6 +174,7 @@ def serve(config: dict) -> None:
                      kernel_cache=True, fsname=f"sandlot-lazy-{key}", subtype="sandlot")
     finally:
         task.cancel()
+        reporting.cancel()
         if order is None:
             with contextlib.suppress(Exception):
                 run(_save_order(objects, key, files), 30)
@@ -167,6 +185,17 @@ def serve(config: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--wait":
+        import mfusepy  # noqa: F401 - imported ahead, while nothing waits for it
+
+        path = sys.stdin.readline().strip()
+        if not path:
+            return 0
+        log_fd = os.open(Path(path).with_name("lazy.log"), os.O_WRONLY | os.O_CREAT
+                         | os.O_APPEND, 0o640)
+        os.dup2(log_fd, 2)
+        os.dup2(log_fd, 1)
+        argv = [path]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mfusepy").setLevel(logging.WARNING)
