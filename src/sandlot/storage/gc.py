@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from sandlot.errors import NotFoundError, StorageError
 from sandlot.storage.chunks import chunk_key
+from sandlot.storage.lazy import ORDERS
 from sandlot.storage.manifest import Manifest
 from sandlot.storage.store import MANIFESTS, PENDING, TOMBSTONES, Store
 
@@ -88,5 +89,10 @@ async def collect_garbage(store: Store, grace: float = GRACE) -> GcStats:
         if digest not in refs and digest not in tombs and now - info.modified >= grace:
             await store.objects.put(TOMBSTONES + digest, b"")
             stats.tombstoned += 1
+    # Prefetch orders of images that are gone (one recorded after its image was deleted).
+    images = {o.key[len(MANIFESTS):-len(".json")] for o in await store.objects.list(MANIFESTS)}
+    for obj in await store.objects.list(ORDERS):
+        if obj.key[len(ORDERS):-len(".json")] not in images and now - obj.modified >= grace:
+            await store.objects.delete(obj.key)
     log.info("store GC of %s: %s", store.url, stats)
     return stats

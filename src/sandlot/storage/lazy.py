@@ -32,6 +32,7 @@ CHUNK_TIMEOUT = 8.0  # seconds for one attempt (the S3 client retries inside it 
 BACKOFF = 0.5  # seconds before the second attempt, doubling
 PREFETCH = 8  # background fetches in flight
 MAX_ORDER = 1 << 20  # chunk entries an order may list
+FIRST = ("devstate",)  # files every restore reads whole before anything else
 
 
 def order_key(key: str) -> str:
@@ -194,7 +195,9 @@ class LazyFiles:
 
     def _queue(self, order: Iterable[tuple[str, int]]) -> Iterator[tuple[str, int]]:
         seen: set[tuple[str, int]] = set()
-        for name, index in order:
+        first = [(n, i) for n in FIRST if n in self._files
+                 for i in sorted(self._files[n].manifest.chunks)]
+        for name, index in [*first, *order]:
             f = self._files.get(name)
             if f is not None and 0 <= index < f.count() and (name, index) not in seen:
                 seen.add((name, index))
@@ -206,7 +209,8 @@ class LazyFiles:
 
     async def prefetch(self, order: Iterable[tuple[str, int]] = (),
                        parallel: int = PREFETCH) -> None:
-        """Fetch every missing chunk, `order`'s first; stops at the first failure."""
+        """Fetch every missing chunk: `FIRST`'s, then `order`'s, then the rest; stops at the
+        first failure."""
         queue = self._queue(order)
 
         async def worker() -> None:
