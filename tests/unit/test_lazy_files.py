@@ -15,7 +15,7 @@ import zstandard
 from harness import rand, sparse_file
 from sandlot.errors import StorageError
 from sandlot.storage.chunks import chunk_key
-from sandlot.storage.lazy import LazyFiles, dump_order, load_order
+from sandlot.storage.lazy import LazyFiles, Order, pack_key
 from sandlot.storage.objects import LocalObjectStore
 from sandlot.storage.store import Source, Store
 
@@ -58,8 +58,8 @@ def _image(tmp_path, loop):
     return objects, src.read_bytes(), manifest, files
 
 
-async def _files(objects, manifest, tmp_path, loop) -> LazyFiles:
-    return LazyFiles(objects, {"ram": (manifest.files["ram"], tmp_path / "local")}, "image img",
+async def _files(objects, manifest, where, loop) -> LazyFiles:
+    return LazyFiles(objects, {"ram": (manifest.files["ram"], where / "local")}, "image img",
                      loop, attempts=2, timeout=5, backoff=0.01)
 
 
@@ -115,6 +115,30 @@ def test_the_prefetch_takes_the_order_first_and_completes(tmp_path, loop) -> Non
 
 
 def test_orders_round_trip_and_garbage_is_no_order() -> None:
-    order = [("ram", 5), ("disk", 1)]
-    assert load_order(dump_order(order)) == order
-    assert load_order(b"{not json") == [] and load_order(b'{"order": 3}') == []
+    order = Order([("ram", 5), ("disk", 1)], [(0, 10), (10, 7)])
+    assert Order.loads(order.dumps()) == order
+    assert Order.loads(b"{not json") == Order([]) and Order.loads(b'{"chunks": 3}') == Order([])
+    assert Order.loads(b'{"chunks": [["ram", 1]], "pack": []}').pack is None  # mismatched
+
+
+def test_a_pack_brings_the_working_set_in_ranged_reads(tmp_path, loop) -> None:
+    objects, data, manifest, first = _image(tmp_path, loop)
+    for at in (4 * MiB + 5 * CHUNK, 0, 5 * MiB):  # the first restore reads these
+        first.read("ram", at, 100)
+    order, blob = first.pack()
+    assert order.chunks == [("ram", 69), ("ram", 0), ("ram", 80)]
+    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()  # noqa: E731
+    run(objects.put(pack_key("img"), blob))
+    # Another host: one chunk of the pack is corrupt there; it is fetched on its own.
+    broken = bytearray(blob)
+    off, length = order.pack[1]
+    broken[off:off + length] = bytes(length)
+    run(objects.put(pack_key("img"), bytes(broken)))
+    objects.gets.clear()
+    (tmp_path / "later").mkdir()
+    later = run(_files(objects, manifest, tmp_path / "later", loop))
+    run(later.load_pack("img", order))
+    assert later.fetched_chunks == 2 and objects.gets == []  # from the pack, no chunk reads
+    assert later.read("ram", 4 * MiB + 5 * CHUNK, 100) == data[4 * MiB + 5 * CHUNK:][:100]
+    assert later.read("ram", 0, 100) == data[:100]  # the corrupt one, fetched on its own
+    assert len(objects.gets) == 1

@@ -92,7 +92,8 @@ async def collect_garbage(store: Store, grace: float = GRACE) -> GcStats:
     # Prefetch orders of images that are gone (one recorded after its image was deleted).
     images = {o.key[len(MANIFESTS):-len(".json")] for o in await store.objects.list(MANIFESTS)}
     for obj in await store.objects.list(ORDERS):
-        if obj.key[len(ORDERS):-len(".json")] not in images and now - obj.modified >= grace:
+        if obj.key[len(ORDERS):].rsplit(".", 1)[0] not in images \
+                and now - obj.modified >= grace:
             await store.objects.delete(obj.key)
     log.info("store GC of %s: %s", store.url, stats)
     return stats

@@ -2,18 +2,22 @@
 anything reads it (or the background prefetch reaches it), is verified against its digest,
 and is kept in a local sparse file; nothing unverified is ever written there.
 
-The order in which the first restores read an image's chunks is kept with it in the store
-(``orders/<key>.json``: recorded once, by the first host that restores it lazily), and a
-prefetch fetches that order first, then every other chunk. A chunk that cannot be had after
-bounded retries (the store unreachable, the chunk missing or corrupt) fails the image for
-good: every later read of a chunk still missing fails at once (`LazyFiles.failed` says why),
-while chunks already local keep being served.
+The order in which the first restore read an image's chunks (`Order`, its first minute) is
+kept with it in the store, recorded once by the first host that restores it lazily:
+``orders/<key>.json``, and the chunks themselves, compressed, one after the other in
+``orders/<key>.pack``, so a later restore gets its working set in a few ranged reads
+(`load_pack`) instead of one request per chunk. Then the prefetch takes every other chunk.
+
+A chunk that cannot be had after bounded retries (the store unreachable, the chunk missing
+or corrupt) fails the image for good: every later read of a chunk still missing fails at
+once (`LazyFiles.failed` says why), while chunks already local keep being served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -21,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandlot.errors import NotFoundError, StorageError
+from sandlot.errors import NotFoundError, SandlotError, StorageError
 from sandlot.storage.chunks import chunk_key, unpack_chunk
 from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
@@ -32,11 +36,50 @@ CHUNK_TIMEOUT = 8.0  # seconds for one attempt (the S3 client retries inside it 
 BACKOFF = 0.5  # seconds before the second attempt, doubling
 PREFETCH = 8  # background fetches in flight
 MAX_ORDER = 1 << 20  # chunk entries an order may list
+PACK_CHUNKS = 2048  # chunks a pack holds at most (128 MiB before compression)
+PACK_RANGE = 4 << 20  # bytes per ranged read of a pack
+PACK_READS = 4  # ranged reads of a pack in flight
+ORDER_WINDOW = 60.0  # seconds of first reads an order records
 FIRST = ("devstate",)  # files every restore reads whole before anything else
+log = logging.getLogger(__name__)
 
 
 def order_key(key: str) -> str:
     return f"{ORDERS}{key}.json"
+
+
+def pack_key(key: str) -> str:
+    return f"{ORDERS}{key}.pack"
+
+
+@dataclass(frozen=True)
+class Order:
+    """The chunks an image's first lazy restore read, in that order; `pack`: where each is
+    in the image's pack object (offset, length), if it has one."""
+
+    chunks: list[tuple[str, int]]
+    pack: list[tuple[int, int]] | None = None
+
+    def dumps(self) -> bytes:
+        data: dict = {"format": "2", "chunks": [list(c) for c in self.chunks[:MAX_ORDER]]}
+        if self.pack is not None:
+            data["pack"] = [list(p) for p in self.pack[:MAX_ORDER]]
+        return json.dumps(data).encode()
+
+    @classmethod
+    def loads(cls, raw: bytes) -> Order:
+        """An order as `dumps` wrote it; anything else is an empty order."""
+        try:
+            data = json.loads(raw)
+            chunks = [(str(n), int(i)) for n, i in data["chunks"][:MAX_ORDER]]
+            pack = data.get("pack")
+            if pack is not None:
+                pack = [(int(o), int(n)) for o, n in pack[:MAX_ORDER]]
+                if len(pack) != len(chunks):
+                    pack = None
+            return cls(chunks, pack)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls([])
 
 
 @dataclass
@@ -61,7 +104,8 @@ class LazyFiles:
 
     def __init__(self, objects: ObjectStore, files: dict[str, tuple[FileManifest, Path]],
                  what: str, loop: asyncio.AbstractEventLoop, *, attempts: int = ATTEMPTS,
-                 timeout: float = CHUNK_TIMEOUT, backoff: float = BACKOFF) -> None:
+                 timeout: float = CHUNK_TIMEOUT, backoff: float = BACKOFF,
+                 record_for: float = ORDER_WINDOW) -> None:
         self.objects = objects
         self.what = what
         self.loop = loop
@@ -72,6 +116,7 @@ class LazyFiles:
         self.waits = 0  # reads that waited for a fetch, and how long in all
         self.waited = 0.0
         self.touched: list[tuple[str, int]] = []  # chunks in the order first read
+        self._record_until = time.monotonic() + record_for
         self._touch_lock = threading.Lock()
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
         self._files: dict[str, _File] = {}
@@ -131,6 +176,8 @@ class LazyFiles:
         return os.pread(f.fd, end - offset, offset)
 
     def _record(self, name: str, f: _File, indices: Iterable[int]) -> None:
+        if time.monotonic() > self._record_until:
+            return
         with self._touch_lock:
             for i in indices:
                 if not f.first_read[i]:
@@ -180,23 +227,107 @@ class LazyFiles:
                 error = str(e)
                 continue  # a transport error, or a corrupt copy (not kept either way)
             await asyncio.to_thread(os.pwrite, f.fd, data, index * f.chunk)
-            if not f.present[index]:
-                f.present[index] = 1
-                self.fetched_bytes += len(packed)
-                self.fetched_chunks += 1
-                self._missing -= 1
-                if not self._missing:
-                    self.complete.set()
+            self._mark(f, index, len(packed))
             return
         if self.failed is None:
             self.failed = (f"{error} (after {attempt + 1} attempts); the sandbox's image could "
                            "not be fetched")
         raise StorageError(self.failed)
 
-    def _queue(self, order: Iterable[tuple[str, int]]) -> Iterator[tuple[str, int]]:
+    def _mark(self, f: _File, index: int, fetched: int) -> None:
+        """Chunk `index` of `f` is local (verified, written)."""
+        if not f.present[index]:
+            f.present[index] = 1
+            self.fetched_bytes += fetched
+            self.fetched_chunks += 1
+            self._missing -= 1
+            if not self._missing:
+                self.complete.set()
+
+    async def load_pack(self, key: str, order: Order, parallel: int = PACK_READS) -> None:
+        """`order`'s chunks from the image's pack, in ranged reads, each chunk verified.
+        Best effort: what a read or a check fails is fetched chunk by chunk later."""
+        if order.pack is None:
+            return
+        entries = sorted(((off, length, name, index)
+                          for (name, index), (off, length) in zip(order.chunks, order.pack,
+                                                                  strict=True)
+                          if name in self._files and index in self._files[name].manifest.chunks
+                          and length > 0), key=lambda e: e[0])
+        groups: list[list[tuple[int, int, str, int]]] = []
+        for entry in entries:
+            if groups and entry[0] + entry[1] - groups[-1][0][0] <= PACK_RANGE:
+                groups[-1].append(entry)
+            else:
+                groups.append([entry])
+        slots = asyncio.Semaphore(parallel)
+
+        async def one(group: list[tuple[int, int, str, int]]) -> None:
+            if self.failed is not None or all(self._files[n].present[i]
+                                              for _, _, n, i in group):
+                return
+            start, end = group[0][0], group[-1][0] + group[-1][1]
+            async with slots:
+                try:
+                    blob = await asyncio.wait_for(
+                        self.objects.get_range(pack_key(key), start, end), self.timeout * 4)
+                except (SandlotError, TimeoutError) as e:
+                    log.warning("%s: pack of %s not read (%s): fetching its chunks one by one",
+                                self.what, key, e)
+                    return
+                done = await asyncio.to_thread(self._unpack_group, blob, start, group)
+            for name, index, length in done:
+                self._mark(self._files[name], index, length)
+
+        await asyncio.gather(*(one(g) for g in groups))
+
+    def _unpack_group(self, blob: bytes, start: int, group: list[tuple[int, int, str, int]]
+                      ) -> list[tuple[str, int, int]]:
+        """(In a thread.) Verify and write a pack range's chunks; those that fail the check
+        are left to be fetched one by one."""
+        done = []
+        for off, length, name, index in group:
+            f = self._files[name]
+            if f.present[index]:
+                continue
+            digest = f.manifest.chunks[index]
+            try:
+                data = unpack_chunk(blob[off - start:off - start + length], digest, f.chunk,
+                                    f"{self.what}, {name} (pack)")
+            except StorageError as e:
+                log.warning("%s", e)
+                continue
+            os.pwrite(f.fd, data, index * f.chunk)
+            done.append((name, index, length))
+        return done
+
+    def pack(self, limit: int = PACK_CHUNKS) -> tuple[Order, bytes]:
+        """(In a thread.) The order read so far and its pack: its first `limit` chunks that
+        are local, compressed, one after the other."""
+        import zstandard
+
+        compress = zstandard.ZstdCompressor(level=1)
+        chunks, offsets, parts, at = [], [], [], 0
+        for name, index in list(self.touched):
+            f = self._files[name]
+            if len(chunks) >= limit or not f.present[index]:
+                continue
+            data = os.pread(f.fd, f.chunk, index * f.chunk)
+            packed = compress.compress(data)
+            chunks.append((name, index))
+            offsets.append((at, len(packed)))
+            parts.append(packed)
+            at += len(packed)
+        return Order(chunks, offsets), b"".join(parts)
+
+    def _queue(self, order: Iterable[tuple[str, int]], first_only: bool = False
+               ) -> Iterator[tuple[str, int]]:
         seen: set[tuple[str, int]] = set()
         first = [(n, i) for n in FIRST if n in self._files
                  for i in sorted(self._files[n].manifest.chunks)]
+        if first_only:
+            yield from first
+            return
         for name, index in [*first, *order]:
             f = self._files.get(name)
             if f is not None and 0 <= index < f.count() and (name, index) not in seen:
@@ -208,10 +339,10 @@ class LazyFiles:
                     yield name, index
 
     async def prefetch(self, order: Iterable[tuple[str, int]] = (),
-                       parallel: int = PREFETCH) -> None:
-        """Fetch every missing chunk: `FIRST`'s, then `order`'s, then the rest; stops at the
-        first failure."""
-        queue = self._queue(order)
+                       parallel: int = PREFETCH, first_only: bool = False) -> None:
+        """Fetch every missing chunk: `FIRST`'s, then `order`'s, then the rest (`first_only`:
+        `FIRST`'s alone); stops at the first failure."""
+        queue = self._queue(order, first_only)
 
         async def worker() -> None:
             for name, index in queue:
@@ -224,17 +355,3 @@ class LazyFiles:
                         return
 
         await asyncio.gather(*(worker() for _ in range(max(1, parallel))))
-
-
-def dump_order(touched: list[tuple[str, int]]) -> bytes:
-    return json.dumps({"format": "1",
-                       "order": [[name, index] for name, index in touched[:MAX_ORDER]]}).encode()
-
-
-def load_order(raw: bytes) -> list[tuple[str, int]]:
-    """An order as `dump_order` wrote it; anything else is ignored (an empty order)."""
-    try:
-        data = json.loads(raw)
-        return [(str(n), int(i)) for n, i in data["order"][:MAX_ORDER]]
-    except (ValueError, KeyError, TypeError):
-        return []

@@ -35,14 +35,13 @@ import time
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, SandlotError
-from sandlot.storage.lazy import LazyFiles, dump_order, load_order, order_key
+from sandlot.storage.lazy import ORDER_WINDOW, LazyFiles, Order, order_key, pack_key
 from sandlot.storage.manifest import Manifest
 from sandlot.storage.objects import ObjectStore, open_store
 
 READY, COMPLETE, FAILED, MANIFEST = "lazy.ready", "lazy.complete", "lazy.failed", "manifest.json"
 STATS = "lazy.stats"  # what it fetched so far (JSON), rewritten as it changes
 STATS_INTERVAL = 0.1
-ORDER_WINDOW = 60.0  # seconds of first reads an order records at most
 log = logging.getLogger("sandlot.lazyfs")
 
 
@@ -87,6 +86,9 @@ def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: 
                 return files.read(name, offset, size)
             except SandlotError as e:
                 log.error("%s", e)
+                with contextlib.suppress(OSError):  # there before the VM dies of it
+                    if not (dir_ / FAILED).exists():
+                        (dir_ / FAILED).write_text(str(e))
                 raise mfusepy.FuseOSError(errno.EIO) from None
 
         def write(self, path: str, data, offset: int, fh) -> int:
@@ -104,21 +106,26 @@ def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: 
     return ImageFS()
 
 
-async def _fetch_order(objects: ObjectStore, key: str) -> list[tuple[str, int]] | None:
+async def _fetch_order(objects: ObjectStore, key: str) -> Order | None:
     try:
-        return load_order(await objects.get(order_key(key)))
+        return Order.loads(await objects.get(order_key(key)))
     except NotFoundError:
         return None
     except SandlotError as e:
         log.warning("no prefetch order for %s: %s", key, e)
-        return []
+        return Order([])
 
 
 async def _save_order(objects: ObjectStore, key: str, files: LazyFiles) -> None:
-    if not files.touched or await objects.exists(order_key(key)):
+    """The order this mount's first minute of reads took, and its pack (pack first: the
+    order is what names it)."""
+    order, blob = await asyncio.to_thread(files.pack)
+    if not order.chunks or await objects.exists(order_key(key)):
         return
-    await objects.put(order_key(key), dump_order(files.touched))
-    log.info("recorded the order of %d chunks of %s", len(files.touched), key)
+    await objects.put(pack_key(key), blob)
+    await objects.put(order_key(key), order.dumps())
+    log.info("recorded the order of %d chunks of %s (pack %.1f MiB)", len(order.chunks), key,
+             len(blob) / 2**20)
 
 
 def serve(config: dict) -> None:
@@ -141,43 +148,50 @@ def serve(config: dict) -> None:
     files = run(make())
     order = run(_fetch_order(objects, key), 30)
     started = time.monotonic()
+    saved = threading.Event()
 
-    async def background() -> None:
-        await files.prefetch(order or (), int(config.get("prefetch", 8)))
-        if files.failed is not None:
-            (dir_ / FAILED).write_text(files.failed)
-            return
+    async def fill() -> None:
+        parallel = int(config.get("prefetch", 8))
+        if parallel:  # else only what is read is fetched
+            if order is not None:
+                await asyncio.gather(files.prefetch(first_only=True),
+                                     files.load_pack(key, order))
+            await files.prefetch(order.chunks if order is not None else (), parallel)
         await files.complete.wait()
         (dir_ / COMPLETE).write_text(json.dumps({"fetched_bytes": files.fetched_bytes}))
         log.info("%s: every chunk local (%.1f MiB fetched)", key, files.fetched_bytes / 2**20)
-        if order is None:  # record what the first window of reads touched
+
+    async def record() -> None:  # what the first window of reads touched, once per image
+        if order is None:
             await asyncio.sleep(max(0.0, ORDER_WINDOW - (time.monotonic() - started)))
             await _save_order(objects, key, files)
+            saved.set()
 
     async def report() -> None:
         last = None
         while True:
             stats = files.stats()
             if stats != last:
+                if files.failed is not None and not (dir_ / FAILED).exists():
+                    (dir_ / FAILED).write_text(files.failed)  # before a VM dies of it
                 tmp = dir_ / (STATS + ".tmp")
                 tmp.write_text(json.dumps(stats))
                 tmp.replace(dir_ / STATS)
                 last = stats
             await asyncio.sleep(STATS_INTERVAL)
 
-    task = asyncio.run_coroutine_threadsafe(background(), loop)
-    reporting = asyncio.run_coroutine_threadsafe(report(), loop)
+    tasks = [asyncio.run_coroutine_threadsafe(job(), loop) for job in (fill, record, report)]
     mount = Path(config["mount"])
     try:
         mfusepy.FUSE(_operations(files, names, config.get("gid"), dir_), str(mount),
                      foreground=True, allow_other=True, default_permissions=True,
                      kernel_cache=True, fsname=f"sandlot-lazy-{key}", subtype="sandlot")
     finally:
-        task.cancel()
-        reporting.cancel()
-        if order is None:
+        for task in tasks:
+            task.cancel()
+        if order is None and not saved.is_set():
             with contextlib.suppress(Exception):
-                run(_save_order(objects, key, files), 30)
+                run(_save_order(objects, key, files), 60)
         if files.failed is not None and not (dir_ / FAILED).exists():
             (dir_ / FAILED).write_text(files.failed)
         files.close()

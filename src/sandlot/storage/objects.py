@@ -54,6 +54,10 @@ class ObjectStore(abc.ABC):
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`."""
 
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object (NotFoundError if there is none)."""
+        return (await self.get(key))[start:end]
+
     async def exists(self, key: str) -> bool:
         return await self.head(key) is not None
 
@@ -151,6 +155,20 @@ class LocalObjectStore(ObjectStore):
         except OSError as e:
             raise StorageError(f"reading {path}: {e.strerror or e}", cause=e) from e
 
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        path = self._path(key)
+
+        def read() -> bytes:
+            with open(path, "rb") as f:
+                return os.pread(f.fileno(), max(0, end - start), start)
+
+        try:
+            return await asyncio.to_thread(read)
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} is not in the store") from None
+        except OSError as e:
+            raise StorageError(f"reading {path}: {e.strerror or e}", cause=e) from e
+
     async def head(self, key: str) -> ObjectInfo | None:
         try:
             st = self._path(key).stat()
@@ -231,6 +249,15 @@ class S3ObjectStore(ObjectStore):
             return bytes(await result.bytes_async())
 
         return await self._call(f"reading {key}", fetch)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        import obstore
+
+        async def fetch() -> bytes:
+            return bytes(await obstore.get_range_async(self._store, _check_key(key),
+                                                       start=start, end=end))
+
+        return await self._call(f"reading {key} [{start}, {end})", fetch)
 
     async def head(self, key: str) -> ObjectInfo | None:
         import obstore

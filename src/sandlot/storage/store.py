@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sandlot.errors import NotFoundError, StorageError
 from sandlot.storage.chunks import CHUNK_SIZE, ChunkStore, Data, DigestMemo
-from sandlot.storage.lazy import order_key
+from sandlot.storage.lazy import order_key, pack_key
 from sandlot.storage.manifest import FileManifest, Manifest
 from sandlot.storage.objects import ObjectStore
 
@@ -154,7 +154,8 @@ class Store:
     async def delete(self, key: str) -> None:
         """The image is gone; its chunks go with the next GC that finds them unreferenced."""
         await self.objects.delete(manifest_key(key))
-        await self.objects.delete(order_key(key))  # what its lazy restores prefetch first
+        for extra in (order_key(key), pack_key(key)):  # what its lazy restores fetch first
+            await self.objects.delete(extra)
         await self.abandon(key)
 
     async def abandon(self, key: str) -> None:
