@@ -68,6 +68,9 @@ def _stats(server: BenchServer, key: str) -> dict:
 
 def _first_command(server: BenchServer, snapshot_id: str, cmd: str = "true"
                    ) -> tuple[float, Sandbox]:
+    if os.environ.get("BENCH_VERBOSE"):
+        print(f"    restore starts at {time.strftime('%H:%M:%S')}"
+              f".{int(time.time() * 1000) % 1000:03d}", flush=True)
     t0 = time.monotonic()
     sbx = Sandbox.create(snapshot_id=snapshot_id, timeout=TIMEOUT, **server.client_kwargs())
     sbx.commands.run(cmd, check=True, timeout=600)
@@ -166,6 +169,9 @@ def main() -> None:
             add("restore_empty_cache_lazy_ms", ms)
             stats = _stats(lazy, key)
             print(f"    at its first command: {stats}", flush=True)
+            if os.environ.get("BENCH_VERBOSE"):
+                log = lazy.shm_root / "hot" / key / "lazy.log"
+                print("    " + log.read_text().replace("\n", "\n    "), flush=True)
             for name in ("fetched_chunks", "reads_waited", "waited_ms"):
                 if name in stats:
                     add(f"lazy_{name}", stats[name])

@@ -320,8 +320,8 @@ class LazyFiles:
             at += len(packed)
         return Order(chunks, offsets), b"".join(parts)
 
-    def _queue(self, order: Iterable[tuple[str, int]], first_only: bool = False
-               ) -> Iterator[tuple[str, int]]:
+    def _queue(self, order: Iterable[tuple[str, int]], first_only: bool = False,
+               order_only: bool = False) -> Iterator[tuple[str, int]]:
         seen: set[tuple[str, int]] = set()
         first = [(n, i) for n in FIRST if n in self._files
                  for i in sorted(self._files[n].manifest.chunks)]
@@ -333,16 +333,19 @@ class LazyFiles:
             if f is not None and 0 <= index < f.count() and (name, index) not in seen:
                 seen.add((name, index))
                 yield name, index
+        if order_only:
+            return
         for name, f in self._files.items():
             for index in sorted(f.manifest.chunks):
                 if (name, index) not in seen:
                     yield name, index
 
     async def prefetch(self, order: Iterable[tuple[str, int]] = (),
-                       parallel: int = PREFETCH, first_only: bool = False) -> None:
+                       parallel: int = PREFETCH, first_only: bool = False,
+                       order_only: bool = False) -> None:
         """Fetch every missing chunk: `FIRST`'s, then `order`'s, then the rest (`first_only`:
-        `FIRST`'s alone); stops at the first failure."""
-        queue = self._queue(order, first_only)
+        `FIRST`'s alone; `order_only`: `FIRST`'s and `order`'s); stops at the first failure."""
+        queue = self._queue(order, first_only, order_only)
 
         async def worker() -> None:
             for name, index in queue:

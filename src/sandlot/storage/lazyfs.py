@@ -58,6 +58,7 @@ def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: 
 
         def init(self, path: str) -> None:
             (dir_ / READY).touch()
+            log.info("mounted %s", dir_.name)
 
         def getattr(self, path: str, fh=None) -> dict:
             if path == "/":
@@ -156,7 +157,11 @@ def serve(config: dict) -> None:
             if order is not None:
                 await asyncio.gather(files.prefetch(first_only=True),
                                      files.load_pack(key, order))
-            await files.prefetch(order.chunks if order is not None else (), parallel)
+                log.info("%s: first files and pack in (%d chunks)", key, files.fetched_chunks)
+                # the order's chunks the pack did not bring, at full speed; then the rest
+                # slower, leaving the CPU to the VMs that run meanwhile
+                await files.prefetch(order.chunks, parallel, order_only=True)
+            await files.prefetch((), max(1, parallel // 4))
         await files.complete.wait()
         (dir_ / COMPLETE).write_text(json.dumps({"fetched_bytes": files.fetched_bytes}))
         log.info("%s: every chunk local (%.1f MiB fetched)", key, files.fetched_bytes / 2**20)
