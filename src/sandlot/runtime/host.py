@@ -41,7 +41,8 @@ def describe(spec: MachineSpec, cpus: int, cpu: HostCpu) -> MachineDescription:
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
                               device_model=DEVICE_MODEL, accel=spec.accel, base_mb=spec.base_mb,
                               dimm_mb=spec.dimm_mb, cpus=cpus, cpu_model=cpu.model,
-                              cpu_features=cpu.recorded_features())
+                              cpu_features=cpu.recorded_features(),
+                              cpu_vendor=cpu.recorded_vendor())
 
 
 class QemuHost:
