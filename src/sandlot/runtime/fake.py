@@ -99,7 +99,7 @@ class FakeRuntime(Runtime):
                                   device_model=FAKE_DEVICE_MODEL, accel=self.accel,
                                   base_mb=memory_mb, cpus=cpus)
 
-    def cpu(self) -> tuple[str, HostCpu] | None:
+    def cpu(self) -> tuple[str, HostCpu]:
         return self.accel, self.host_cpu or HostCpu(legacy_model(self.accel))
 
     def check_loadable(self, machine: MachineDescription) -> None:

@@ -52,6 +52,9 @@ class QemuHost:
         self.settings = settings
         self.accel = settings.accelerator
         self.cpu = HostCpu.detect(self.accel, settings.cpu_model)
+        if self.cpu.lacks:  # every restore and boot will say so too
+            log.warning("this host cannot run CPU model %s (SANDLOT_CPU_MODEL): it lacks %s",
+                        self.cpu.model, ", ".join(self.cpu.lacks))
         self.network = network
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())
