@@ -156,11 +156,25 @@ def test_a_snapshot_of_a_machine_type_this_qemu_lacks_is_refused_up_front(own_se
                                 (snap.snapshot_id,)).fetchone()[0])
     assert doc["machine"]["machine_type"].startswith("pc-q35-")  # versioned, not the alias
     assert doc["machine"]["qemu_version"]
-    doc["machine"] |= {"machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"}
-    db.execute("UPDATE snapshots SET doc = ? WHERE id = ?", (json.dumps(doc), snap.snapshot_id))
-    db.commit()
-    db.close()
+    # under TCG the guests' CPU is QEMU's `max`, as before CPU models: no features, no vendor
+    assert (doc["machine"]["cpu_model"], doc["machine"]["cpu_features"],
+            doc["machine"]["cpu_vendor"]) == ("max", [], "")
+    taken = dict(doc["machine"])
+
+    def record(changes: dict) -> None:
+        doc["machine"] = taken | changes
+        db.execute("UPDATE snapshots SET doc = ? WHERE id = ?",
+                   (json.dumps(doc), snap.snapshot_id))
+        db.commit()
+
     pids = set(qemu_pids(own_server.run_root))
+    # taken with another CPU model (a KVM deployment's): refused, naming both
+    record({"cpu_model": "x86-64-v4", "cpu_features": ["avx512f"]})
+    with pytest.raises(InvalidStateError) as err:
+        snap.restore()
+    assert "CPU model x86-64-v4" in err.value.message and "max" in err.value.message
+    record({"machine_type": "pc-q35-99.1", "qemu_version": "99.1.0"})
+    db.close()
     with pytest.raises(InvalidStateError) as err:
         snap.restore()
     assert "pc-q35-99.1" in err.value.message and "lacks" in err.value.message
@@ -173,4 +187,5 @@ def test_a_snapshot_of_a_machine_type_this_qemu_lacks_is_refused_up_front(own_se
     cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
     machine = cmdline[cmdline.index(b"-machine") + 1].decode()
     assert machine.startswith("pc-q35-") and machine.split(",")[0] != "q35"
+    assert cmdline[cmdline.index(b"-cpu") + 1] == b"max"
     sbx.kill()

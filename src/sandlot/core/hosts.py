@@ -4,8 +4,10 @@ Every `sandlot serve` sharing one database (PostgreSQL) is a host. Each writes a
 with what it can still take (`Room`) every `heartbeat_interval` seconds; each also marks hosts
 silent for `host_timeout` seconds `lost`, with their running sandboxes, in one transaction
 (the store's row locks make that happen once). Placement orders the hosts that can take a
-new sandbox: room first, then those whose cache already holds its image, then this host,
-then the least loaded. With SQLite (one host) there is nothing to place: everything is local.
+new sandbox: room first, then those that can give its image's guest its CPU (each host
+advertises its accelerator and CPU: vmm/cpu.py), then those whose cache already holds its
+image, then this host, then the least loaded. With SQLite (one host) there is nothing to
+place: everything is local.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sandlot.config import Settings
 from sandlot.core.background import stop_task
 from sandlot.core.db import HostRow, MetadataStore
 from sandlot.errors import CapacityError, NotFoundError
-from sandlot.runtime.base import VM_OVERHEAD_MB, Runtime
+from sandlot.runtime.base import VM_OVERHEAD_MB, HostCpu, MachineDescription, Runtime
 
 log = logging.getLogger(__name__)
 LOST_REASON = "its host {host} stopped answering"
@@ -65,6 +67,7 @@ class Need:
     memory_mb: int
     image_key: str | None = None  # a snapshot id or tpl-<build>: preferred where cached
     count: int = 1
+    machine: MachineDescription | None = None  # its image's: hosts that can run it first
 
 
 def _info(row: HostRow) -> HostInfo:
@@ -89,6 +92,7 @@ class Hosts:
         self.state = HostState.ACTIVE
         self._running = running
         self._cached: dict[str, tuple[str, ...]] = {}  # host -> image keys its cache holds
+        self._cpus: dict[str, tuple[str, HostCpu]] = {}  # host -> its accelerator and CPU
         self._task: asyncio.Task | None = None
         self._connected_since: float | None = None  # of this run of good heartbeats
         # called when this host finds itself marked lost (it was silent too long) and is back
@@ -106,7 +110,8 @@ class Hosts:
         return {"cores": os.cpu_count() or 1, "memory_mb": _mem_total_mb(),
                 "memory_free_mb": room.memory_free_mb, "disk_free_mb": room.disk_free_mb,
                 "cache_free_mb": room.cache_free_mb, "slots": self.settings.max_sandboxes,
-                "sandboxes": self._running(), "cached": list(room.cached)}
+                "sandboxes": self._running(), "cached": list(room.cached),
+                **_cpu_doc(self.runtime.cpu())}
 
     async def heartbeat(self) -> None:
         was = None
@@ -154,6 +159,8 @@ class Hosts:
     async def list(self) -> list[HostInfo]:
         rows = await self.db.hosts()
         self._cached = {r.host_id: tuple(r.doc.get("cached") or ()) for r in rows}
+        self._cpus = {r.host_id: (str(r.doc["accel"]), HostCpu.from_doc(r.doc["cpu"]))
+                      for r in rows if r.doc.get("accel") and isinstance(r.doc.get("cpu"), dict)}
         for r in rows:
             if r.host_id == self.id and r.state in (HostState.ACTIVE, HostState.DRAINING):
                 self.state = HostState(r.state)
@@ -211,9 +218,21 @@ class Hosts:
 
         def rank(h: HostInfo) -> tuple:
             cached = need.image_key is not None and need.image_key in self._cached.get(h.id, ())
-            return (not cached, h.id != self.id, -h.free_slots, -h.memory_free_mb)
+            return (not self._runs(h.id, need.machine), not cached, h.id != self.id,
+                    -h.free_slots, -h.memory_free_mb)
 
         return sorted(fits, key=rank)
+
+
+    def _runs(self, host_id: str, machine: MachineDescription | None) -> bool:
+        """Whether that host can give `machine`'s guest its CPU (unknown: taken as yes). One
+        that cannot is still tried last: its refusal says why."""
+        cpu = self._cpus.get(host_id)
+        return machine is None or cpu is None or not machine.cpu_problems(*cpu)
+
+
+def _cpu_doc(cpu: tuple[str, HostCpu] | None) -> dict:
+    return {} if cpu is None else {"accel": cpu[0], "cpu": cpu[1].to_doc()}
 
 
 def _mem_total_mb() -> int:

@@ -26,6 +26,7 @@ from sandlot.core.sandboxes import MAX_FORK, Forked, SandboxManager
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, InvalidArgumentError, SandlotError, StorageError
+from sandlot.runtime.base import MachineDescription
 
 log = logging.getLogger(__name__)
 DEFAULT_MEMORY_MB = 512
@@ -72,7 +73,8 @@ class Placement:
         if self._placing(placed):
             rec = await self.sandboxes.get(sandbox_id, who)
             if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
-                need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot)
+                need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot,
+                            machine=await self._machine_of(rec.paused_snapshot, who))
                 for host in await self.hosts.place(need):
                     if host.id == self.hosts.id:
                         break
@@ -121,7 +123,7 @@ class Placement:
             hosts = [HostInfo(id=self.hosts.id, url="", state=HostState.ACTIVE)]
         else:
             need = Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
-                        image_key=source.snapshot_id)
+                        image_key=source.snapshot_id, machine=source.image.machine)
             try:
                 hosts = await self.hosts.place(need)
             except CapacityError as e:
@@ -172,7 +174,14 @@ class Placement:
         except SandlotError:
             return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB)
         return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
-                    image_key=source.image.key)
+                    image_key=source.image.key, machine=source.image.machine)
+
+    async def _machine_of(self, snapshot_id: str, who: Principal) -> MachineDescription | None:
+        """The machine a snapshot is of (None: not known, or not readable here)."""
+        try:
+            return _machine((await self.snapshots.get(snapshot_id, who)).machine)
+        except SandlotError:
+            return None
 
     async def _spread(self, parent_id: str, count: int, who: Principal,
                       timeout: int | None) -> list[SandboxRecord | SandlotError]:
@@ -191,7 +200,8 @@ class Placement:
                                 **overrides_of(parent, timeout).model_dump())
             try:
                 hosts = [h for h in await self.hosts.place(Need(
-                    memory_mb=parent.memory_mb, image_key=snap.snapshot_id))
+                    memory_mb=parent.memory_mb, image_key=snap.snapshot_id,
+                    machine=_machine(snap.machine)))
                     if h.id != self.hosts.id]
             except CapacityError as e:
                 return [e] * count
@@ -201,6 +211,13 @@ class Placement:
                 await self.snapshots.delete(snap.snapshot_id, who=who)
             except SandlotError as e:
                 log.warning("fork snapshot %s not deleted: %s", snap.snapshot_id, e.message)
+
+
+def _machine(doc: dict | None) -> MachineDescription | None:
+    try:
+        return MachineDescription.from_dict(doc) if doc else None
+    except SandlotError:
+        return None
 
 
 def spread(hosts: list[HostInfo], count: int) -> list[int]:

@@ -26,6 +26,7 @@ from sandlot.guest.client import (
 )
 from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
+from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.jail import QEMU_OVERHEAD_MB
 from sandlot.vmm.network import NetworkPolicy
@@ -34,7 +35,7 @@ from sandlot.vmm.network import NetworkPolicy
 VM_OVERHEAD_MB = QEMU_OVERHEAD_MB
 
 __all__ = [
-    "Captured", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "Image",
+    "Captured", "Configure", "ExecEvent", "Exited", "FileEntry", "Guest", "HostCpu", "Image",
     "MachineDescription", "MachinePlan", "NetworkPolicy", "Output", "ProcessInfo", "Runtime",
     "Started", "Stored", "Vm",
 ]
@@ -295,6 +296,11 @@ class Runtime(abc.ABC):
     def room(self) -> Room:
         """What this host can still take, for placement across hosts (core/hosts.py)."""
         return Room(memory_free_mb=mem_available_mb())
+
+    def cpu(self) -> tuple[str, HostCpu] | None:
+        """This host's accelerator and CPU as restores check them, for placement to put an
+        image where its guest's CPU can be given (None: not known; any host)."""
+        return None
 
     async def start(self) -> None:  # noqa: B027 - optional
         """Start background work (the warm pool)."""

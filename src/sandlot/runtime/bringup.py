@@ -22,7 +22,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from sandlot.errors import GuestError, InvalidArgumentError, SandlotError, VmmError
+from sandlot.errors import (
+    GuestError,
+    InvalidArgumentError,
+    InvalidStateError,
+    SandlotError,
+    VmmError,
+)
 from sandlot.guest.client import AgentClient, Configure
 from sandlot.runtime.base import Image, MachinePlan, Vm
 from sandlot.runtime.cache import Lease
@@ -177,7 +183,7 @@ class BringUp(Part):
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=image.machine.machine_type,
                     base_mb=image.machine.base_mb, cpus=image.machine.cpus, accel=self.accel,
-                    cpu_model=self.cpu.model,
+                    cpu_model=self.cpu.arg,
                     ram_path=hot["ram"], ram_share=False,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 spec = _on_network(spec, net, jail)
@@ -232,6 +238,7 @@ class BringUp(Part):
         reboots): the build's kernel and initramfs, the image's disk under an overlay of its
         own, its network, and fresh memory of the plan's size; agent connected and configured.
         Slow under TCG (a boot: seconds), and nothing of the image's memory survives."""
+        self._check_cpu()
         self.reserve.check_vm(plan.memory_mb)
         run_dir = self.settings.run_root / vm_id
         build = await self.store.ensure_build(image.build)
@@ -266,7 +273,7 @@ class BringUp(Part):
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=qemu_info().default_q35,
                     base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.model, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail)
                 spec = _on_network(spec, net, jail)
                 machine = await Machine.launch(spec)
             try:
@@ -316,6 +323,13 @@ class BringUp(Part):
 
         vm.growing = self._spawn(grow())
 
+    def _check_cpu(self) -> None:
+        """A boot gives its guest this host's CPU model: refused, before anything starts,
+        where this host cannot run it (vmm/cpu.py)."""
+        problems = self.cpu.problems(self.cpu.model, ())
+        if problems:
+            raise InvalidStateError(problems[0])
+
     async def _grow_disk(self, vm_id: str, machine: Machine, disks: DiskChain,
                          agent: AgentClient, size: int) -> bool:
         """Grow a running VM's disk to `size` bytes and its root filesystem with it (the
@@ -356,6 +370,7 @@ class BringUp(Part):
     async def cold_boot(self, build: str, plan: MachinePlan, vm_id: str) -> QemuVm:
         """Boot a template build from scratch (slow under TCG: the baseline restores beat),
         its agent connected and configured."""
+        self._check_cpu()
         build_dir = await self.store.ensure_build(build)
         rootfs = build_dir / "rootfs.ext4"
         run_dir = self.settings.run_root / vm_id
@@ -372,7 +387,7 @@ class BringUp(Part):
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
                            machine_type=qemu_info().default_q35, base_mb=plan.memory_mb,
                            cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.model, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail)
         try:
             await disks.create()
             machine = await Machine.launch(spec)

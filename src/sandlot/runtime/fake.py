@@ -26,7 +26,7 @@ from sandlot.runtime.base import (
     Vm,
 )
 from sandlot.runtime.fake_guest import FakeGuest, GuestState, drop_memory, next_pid
-from sandlot.vmm.cpu import HostCpu, choose_model
+from sandlot.vmm.cpu import HostCpu, legacy_model
 from sandlot.vmm.qemu import QemuInfo
 
 FAKE_QEMU = QemuInfo(version="7.2.0", machine_types=frozenset({"pc-q35-7.2"}),
@@ -65,9 +65,11 @@ class FakeRuntime(Runtime):
     """Images and VMs in memory. Knobs for tests: `fail_restores` (that many next restores
     fail), `persist_delay` (s an upload takes), `fail_persist` (uploads fail with it),
     `listeners` (guest port -> a real host address its `expose` gives, e.g. a test's
-    server; other ports: an address nothing listens on)."""
+    server; other ports: an address nothing listens on), `accel` and `host_cpu` (the host's
+    CPU restores are checked against; None: the accelerator's default before CPU models)."""
 
     accel = "tcg"
+    host_cpu: HostCpu | None = None
 
     def __init__(self, qemu: QemuInfo = FAKE_QEMU) -> None:
         self.qemu = qemu
@@ -97,9 +99,11 @@ class FakeRuntime(Runtime):
                                   device_model=FAKE_DEVICE_MODEL, accel=self.accel,
                                   base_mb=memory_mb, cpus=cpus)
 
+    def cpu(self) -> tuple[str, HostCpu]:
+        return self.accel, self.host_cpu or HostCpu(legacy_model(self.accel))
+
     def check_loadable(self, machine: MachineDescription) -> None:
-        problems = machine.problems(self.qemu, FAKE_DEVICE_MODEL, self.accel,
-                                    HostCpu(choose_model(self.accel, None)))
+        problems = machine.problems(self.qemu, FAKE_DEVICE_MODEL, *self.cpu())
         if problems:
             raise InvalidStateError("; ".join(problems))
 

@@ -50,7 +50,8 @@ def describe(spec: MachineSpec, cpus: int, cpu: HostCpu) -> MachineDescription:
     return MachineDescription(machine_type=spec.machine_type, qemu_version=qemu_info().version,
                               device_model=DEVICE_MODEL, accel=spec.accel, base_mb=spec.base_mb,
                               dimm_mb=spec.dimm_mb, cpus=cpus, cpu_model=cpu.model,
-                              cpu_features=cpu.recorded_features())
+                              cpu_features=cpu.recorded_features(),
+                              cpu_vendor=cpu.recorded_vendor())
 
 
 class QemuHost:
@@ -60,6 +61,9 @@ class QemuHost:
         self.settings = settings
         self.accel = settings.accelerator
         self.cpu = HostCpu.detect(self.accel, settings.cpu_model)
+        if self.cpu.lacks:  # every restore and boot will say so too
+            log.warning("this host cannot run CPU model %s (SANDLOT_CPU_MODEL): it lacks %s",
+                        self.cpu.model, ", ".join(self.cpu.lacks))
         self.network = network
         self.jails = Jails(settings.instance or "default", kvm=self.accel == "kvm",
                            enabled=settings.confine and has_tools())

@@ -39,6 +39,7 @@ from sandlot.runtime.qemu_vm import QemuVm
 from sandlot.runtime.recovery import Recovery
 from sandlot.runtime.storefront import StoreFront
 from sandlot.runtime.usage import vm_usage
+from sandlot.vmm.cpu import HostCpu
 from sandlot.vmm.description import MachineDescription
 from sandlot.vmm.machine import DEVICE_MODEL
 from sandlot.vmm.network import NetworkPolicy
@@ -201,6 +202,9 @@ class QemuRuntime(Runtime):
 
     def pool_stats(self) -> dict[str, dict]:
         return self.pool.stats() if self.pool is not None else {}
+
+    def cpu(self) -> tuple[str, HostCpu] | None:
+        return self.accel, self.host.cpu
 
     async def start(self) -> None:
         if self.pool is not None:

@@ -21,10 +21,10 @@ from typing import Any
 
 from sandlot.errors import InvalidStateError
 from sandlot.guest.protocol import PROTO_VERSION
-from sandlot.vmm.cpu import HostCpu, choose_model
+from sandlot.vmm.cpu import HostCpu, legacy_model
 from sandlot.vmm.qemu import QemuInfo
 
-FORMAT = "1.2"  # major.minor of this record (1.2: the CPU model)
+FORMAT = "1.3"  # major.minor of this record (1.2: the CPU model; 1.3: its features, vendor)
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -47,10 +47,12 @@ class MachineDescription:
     guest_proto: int = PROTO_VERSION
     format: str = FORMAT
     memory: bool = True  # False: filesystem only (booted from its disk on restore)
-    # the guest's CPU model ("": the accelerator's default, as before 1.2) and, for `host`,
-    # the features its guest saw (vmm/cpu.py)
+    # the guest's CPU model ("": the accelerator's default before 1.2: max, or host under
+    # KVM), the features its guest saw (1.2: for `host` only; 1.3: every model under KVM)
+    # and, under KVM, its host's vendor (1.3) (vmm/cpu.py)
     cpu_model: str = ""
     cpu_features: tuple[str, ...] = ()
+    cpu_vendor: str = ""
 
     @property
     def memory_mb(self) -> int:
@@ -90,12 +92,17 @@ class MachineDescription:
         if self.device_model != device_model:
             out.append(f"it was taken with VM device model {self.device_model}, this server "
                        f"runs model {device_model}")
+        return out + self.cpu_problems(accel, cpu) + self._guest_problems()
+
+    def cpu_problems(self, accel: str, cpu: HostCpu) -> list[str]:
+        """Why a host running `accel` on `cpu` cannot give its guest its CPU (empty: it
+        can; a filesystem-only image boots on any)."""
+        if not self.memory:
+            return []
         if self.accel != accel:
-            out.append(f"it was taken under {self.accel}, this server runs {accel}")
-        else:
-            out += cpu.problems(self.cpu_model or choose_model(self.accel, None),
-                                self.cpu_features)
-        return out + self._guest_problems()
+            return [f"it was taken under {self.accel}, this server runs {accel}"]
+        return cpu.problems(self.cpu_model or legacy_model(self.accel), self.cpu_features,
+                            self.cpu_vendor)
 
     def _guest_problems(self) -> list[str]:
         if self.guest_proto != PROTO_VERSION:
