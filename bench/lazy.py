@@ -84,14 +84,16 @@ def _children(server: BenchServer, snapshot_id: str, n: int) -> float:
                           headers={"Authorization": f"Bearer {server.key}"})
     answer = client.post(f"/v1/snapshots/{snapshot_id}/fork", json={"count": n})
     kids: list[Sandbox] = []
-    if not answer.is_success or "children" not in answer.json():  # no such route here
+    if not answer.is_success or "sandboxes" not in answer.json():  # no such route here
         print(f"    no snapshot fork ({answer.status_code}): {n} restores at once", flush=True)
         with ThreadPoolExecutor(n) as pool:
             kids = list(pool.map(lambda _: Sandbox.create(
                 snapshot_id=snapshot_id, timeout=TIMEOUT, **server.client_kwargs()), range(n)))
     else:
         answer.raise_for_status()
-        ids = [c["sandbox_id"] for c in answer.json()["children"] if c.get("sandbox_id")]
+        if answer.json()["errors"]:
+            raise RuntimeError(f"children failed: {answer.json()['errors']}")
+        ids = [c["sandbox_id"] for c in answer.json()["sandboxes"]]
         kids = [Sandbox.connect(i, **server.client_kwargs()) for i in ids]
     with ThreadPoolExecutor(n) as pool:
         list(pool.map(lambda k: k.commands.run("true", check=True, timeout=600), kids))

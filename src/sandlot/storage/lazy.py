@@ -115,6 +115,7 @@ class LazyFiles:
         self.fetched_chunks = 0
         self.waits = 0  # reads that waited for a fetch, and how long in all
         self.waited = 0.0
+        self.last_wait = time.monotonic()
         self.touched: list[tuple[str, int]] = []  # chunks in the order first read
         self._record_until = time.monotonic() + record_for
         self._touch_lock = threading.Lock()
@@ -168,7 +169,7 @@ class LazyFiles:
         self._record(name, f, indices)
         wanted = [i for i in indices if not f.present[i]]
         if wanted:
-            t0 = time.monotonic()
+            t0 = self.last_wait = time.monotonic()
             asyncio.run_coroutine_threadsafe(self._ensure_all(name, wanted), self.loop).result()
             with self._touch_lock:
                 self.waits += 1
@@ -233,6 +234,14 @@ class LazyFiles:
             self.failed = (f"{error} (after {attempt + 1} attempts); the sandbox's image could "
                            "not be fetched")
         raise StorageError(self.failed)
+
+    async def quiet(self, idle: float, at_most: float) -> None:
+        """Return once no read has waited for a fetch for `idle` seconds, or after
+        `at_most` (the VMs' first steps are over: the rest can be fetched without them
+        waiting on it)."""
+        deadline = time.monotonic() + at_most
+        while (now := time.monotonic()) < deadline and now - self.last_wait < idle:
+            await asyncio.sleep(min(idle - (now - self.last_wait), deadline - now))
 
     def _mark(self, f: _File, index: int, fetched: int) -> None:
         """Chunk `index` of `f` is local (verified, written)."""

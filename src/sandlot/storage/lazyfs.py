@@ -42,6 +42,9 @@ from sandlot.storage.objects import ObjectStore, open_store
 READY, COMPLETE, FAILED, MANIFEST = "lazy.ready", "lazy.complete", "lazy.failed", "manifest.json"
 STATS = "lazy.stats"  # what it fetched so far (JSON), rewritten as it changes
 STATS_INTERVAL = 0.1
+# after the order's chunks, the rest waits until no read has waited for a fetch this long
+# (the restores' first steps are done), or this long at most
+QUIET, QUIET_AT_MOST = 1.0, 10.0
 log = logging.getLogger("sandlot.lazyfs")
 
 
@@ -161,6 +164,7 @@ def serve(config: dict) -> None:
                 # the order's chunks the pack did not bring, at full speed; then the rest
                 # slower, leaving the CPU to the VMs that run meanwhile
                 await files.prefetch(order.chunks, parallel, order_only=True)
+                await files.quiet(QUIET, QUIET_AT_MOST)
             await files.prefetch((), max(1, parallel // 4))
         await files.complete.wait()
         (dir_ / COMPLETE).write_text(json.dumps({"fetched_bytes": files.fetched_bytes}))
