@@ -45,6 +45,31 @@ def cleanup(server: Server) -> None:
     server.close()
 
 
+def start_cluster(s3, postgres, tmp_path_factory, slots: dict[str, int], label: str,
+                  **env: str) -> dict[str, Server]:
+    """The started hosts of one deployment, `slots`: host name -> its SANDLOT_MAX_SANDBOXES
+    (host ids `host-<name>`): each with its own data dir and instance, all sharing a new
+    PostgreSQL database and S3 prefix (`label` names both), with no warm pool."""
+    database = postgres.new_database(label + secrets.token_hex(3))
+    prefix = f"{label}-{secrets.token_hex(3)}"
+    hosts = {}
+    for name, count in slots.items():
+        srv = make_server(tmp_path_factory.mktemp(f"host-{name}"), label[:2] + name)
+        srv.extra_env.update({
+            "SANDLOT_DATABASE_URL": database, "SANDLOT_STORE": s3.url(prefix), **s3.env,
+            "SANDLOT_HOST_ID": f"host-{name}", "SANDLOT_POOL_SIZE": "0",
+            "SANDLOT_MAX_SANDBOXES": str(count), **env})
+        hosts[name] = srv
+    try:
+        for srv in hosts.values():
+            srv.start(timeout=180)
+    except BaseException:
+        for srv in hosts.values():
+            cleanup(srv)
+        raise
+    return hosts
+
+
 def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
     """A sparse file of `size` bytes holding `data` (offset -> bytes)."""
     with open(path, "wb") as f:

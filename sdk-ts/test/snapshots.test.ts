@@ -133,6 +133,24 @@ describe("snapshots", { skip: noServer }, () => {
     await single.kill();
   });
 
+  it("snapshot.fork(count): independent sandboxes from a stored snapshot, with the settings given", async () => {
+    const children = await snap.fork(2, { env: { KID: "1" } });
+    children.forEach((c) => cleanup.sandbox(c));
+    assert.equal(children.length, 2);
+    assert.deepEqual(children.errors, []);
+    for (const child of children) {
+      assert.equal(child.info.snapshotId, snap.snapshotId);
+      assert.equal(await child.files.read("/root/state.txt"), "checkpoint");
+      assert.equal((await child.commands.run("echo $ORIGIN $KID")).stdout, "parent 1\n");
+      // the counter process of the snapshot runs on in each
+      await child.commands.run("a=$(cat /tmp/n); sleep 0.5; [ $(cat /tmp/n) -gt $a ]", { timeoutMs: 60_000, check: true });
+    }
+    await children[0].files.write("/root/state.txt", "changed");
+    assert.equal(await children[1].files.read("/root/state.txt"), "checkpoint");
+    await Promise.all(children.map((c) => c.kill()));
+    await assert.rejects(snap.fork(0), InvalidArgumentError);
+  });
+
   it("rollback(snapshot) resets the sandbox and keeps its id", async () => {
     await sbx.files.write("/root/state.txt", "damaged");
     await sbx.commands.run("rm -rf /root/extra && mkdir /root/extra");

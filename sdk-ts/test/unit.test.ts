@@ -257,6 +257,32 @@ describe("requests", () => {
     answer = { sandboxes: [], errors: [{ index: 0, error: { type: "VmmError", message: "no" } }], pause_ms: 1 };
     await assert.rejects(sbx.fork(1), VmmError);
   });
+
+  it("a snapshot forks with the settings given; each child's failure is its own", async () => {
+    let answer: unknown = {
+      sandboxes: [SANDBOX, { ...SANDBOX, sandbox_id: "sb-2" }],
+      errors: [{ index: 1, error: { type: "CapacityError", message: "host full" } }],
+      pause_ms: 0,
+    };
+    const conn = stub((url) =>
+      url.pathname.endsWith("/fork") ? json(200, answer) : json(200, { snapshot_id: "snap-1", state: "ready" }),
+    );
+    const snap = await Snapshot.get("snap-1", conn);
+    const children = await snap.fork(3, { env: { K: "v" }, timeoutMs: 60_000, metadata: { m: "1" } });
+    assert.deepEqual(children.map((c) => c.sandboxId), ["sb-1", "sb-2"]);
+    assert.ok(children.errors[0] instanceof CapacityError);
+    assert.match(children.errors[0].message, /^fork child 1: host full/);
+    const sent = conn.calls.at(-1)!;
+    assert.equal(sent.url.pathname, "/v1/snapshots/snap-1/fork");
+    const body = JSON.parse(String(sent.init.body));
+    assert.deepEqual([body.count, body.env, body.timeout, body.metadata], [3, { K: "v" }, 60, { m: "1" }]);
+    assert.equal("name" in body, false);
+    answer = { sandboxes: [], errors: [{ index: 0, error: { type: "NotFoundError", message: "gone" } }], pause_ms: 0 };
+    await assert.rejects(snap.fork(1), NotFoundError);
+    const calls = conn.calls.length;
+    await assert.rejects(snap.fork(0), InvalidArgumentError);
+    assert.equal(conn.calls.length, calls);
+  });
 });
 
 describe("snapshot waits", () => {

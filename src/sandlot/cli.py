@@ -598,7 +598,7 @@ def sandbox_resume(client: Sandlot, sandbox_id: str, timeout: int | None, reboot
 
 @sandbox.command("fork")
 @click.argument("sandbox_id")
-@click.option("--count", type=int, default=1, show_default=True, help="Children to start.")
+@click.option("--count", "-n", type=int, default=1, show_default=True, help="Children to start.")
 @_json_option
 @_with_client
 def sandbox_fork(client: Sandlot, sandbox_id: str, count: int, as_json: bool) -> None:
@@ -678,14 +678,21 @@ def snapshot_rm(client: Sandlot, id_or_name: str) -> None:
     click.echo(f"deleted {id_or_name}")
 
 
+def _restore_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The settings of a sandbox started from a snapshot (restore, fork)."""
+    for option in reversed((
+            click.option("--memory", "memory_mb", type=int,
+                         help="Memory in MiB (can only grow)."),
+            click.option("--cpus", type=int, help="Number of vCPUs."),
+            click.option("--timeout", type=int, help="Seconds until a new sandbox is killed."),
+            _env_option, _metadata_option, _json_option)):
+        f = option(f)
+    return f
+
+
 @snapshot.command("restore")
 @click.argument("id_or_name")
-@click.option("--memory", "memory_mb", type=int, help="Memory in MiB (can only grow).")
-@click.option("--cpus", type=int, help="Number of vCPUs.")
-@click.option("--timeout", type=int, help="Seconds until the new sandbox is killed.")
-@_env_option
-@_metadata_option
-@_json_option
+@_restore_options
 @_with_client
 def snapshot_restore(client: Sandlot, id_or_name: str, memory_mb: int | None,
                      cpus: int | None, timeout: int | None, env: dict[str, str],
@@ -698,17 +705,18 @@ def snapshot_restore(client: Sandlot, id_or_name: str, memory_mb: int | None,
 
 @snapshot.command("fork")
 @click.argument("id_or_name")
-@click.option("--count", type=int, default=1, show_default=True, help="Sandboxes to start.")
-@click.option("--timeout", type=int, help="Seconds until each new sandbox is killed.")
-@_env_option
-@_json_option
+@click.option("--count", "-n", type=int, default=1, show_default=True,
+              help="Sandboxes to start.")
+@_restore_options
 @_with_client
-def snapshot_fork(client: Sandlot, id_or_name: str, count: int, timeout: int | None,
-                  env: dict[str, str], as_json: bool) -> None:
-    """Start COUNT sandboxes from a snapshot at once (no running parent needed). Exits 1 if
-    any failed."""
-    _show_fork(client.snapshots.get(id_or_name).fork(count, timeout=timeout, env=env or None),
-               as_json)
+def snapshot_fork(client: Sandlot, id_or_name: str, count: int, memory_mb: int | None,
+                  cpus: int | None, timeout: int | None, env: dict[str, str],
+                  metadata: dict[str, str], as_json: bool) -> None:
+    """Start COUNT independent sandboxes from a snapshot at once (no running parent needed),
+    each with the settings given. Exits 1 if any failed."""
+    snap = client.snapshots.get(id_or_name)
+    _show_fork(snap.fork(count, memory_mb=memory_mb, cpus=cpus, env=env or None,
+                         timeout=timeout, metadata=metadata or None), as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

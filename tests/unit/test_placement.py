@@ -4,13 +4,15 @@ that records what it is asked (the real one is HTTP: tests/vm/test_cluster.py)."
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 
 from sandlot.core.hosts import HostInfo, Hosts, HostState
 from sandlot.core.models import SandboxRecord
 from sandlot.core.tenancy import Principal
-from sandlot.errors import CapacityError
+from sandlot.errors import CapacityError, NotFoundError
 from sandlot.testing import in_process
 
 
@@ -145,6 +147,76 @@ async def test_a_stored_snapshot_forks_into_children_without_a_parent(deployment
     assert other.status_code == 404
     assert (await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 0})).status_code \
         == 400
+
+
+async def _stored(client) -> str:
+    """A ready snapshot of a sandbox that is gone (killed after the snapshot)."""
+    sid = (await client.post("/v1/sandboxes", json={})).json()["sandbox_id"]
+    snap = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    assert (await client.post(f"/v1/snapshots/{snap}/wait")).json()["state"] == "ready"
+    assert (await client.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    return snap
+
+
+async def test_a_snapshot_that_cannot_be_forked_is_refused_clearly(deployment, monkeypatch):
+    core, client, peers, order = deployment
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: False))
+    snap = await _stored(client)
+    for count in (0, 65, "x"):
+        r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": count})
+        assert r.status_code == 400 and "count" in r.text, r.text
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 1, "bogus": 1})
+    assert r.status_code == 400, r.text
+    # ownership is core's: another tenant's snapshot is not found, as a missing one
+    with pytest.raises(NotFoundError):
+        await core.placement.fork_snapshot(snap, 1, Principal("other"))
+    assert (await client.post("/v1/snapshots/snap-0123456789/fork", json={})).status_code == 404
+    # not ready yet, or never: 409; deleted: 404
+    sid = (await client.post("/v1/sandboxes", json={})).json()["sandbox_id"]
+    core.runtime.persist_delay = 5
+    slow = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    r = await client.post(f"/v1/snapshots/{slow}/fork", json={"count": 2})
+    assert r.status_code == 409 and "not ready" in r.json()["error"]["message"], r.text
+    core.runtime.persist_delay, core.runtime.fail_persist = 0, "disk full"
+    failed = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    assert (await client.post(f"/v1/snapshots/{failed}/wait")).json()["state"] == "failed"
+    r = await client.post(f"/v1/snapshots/{failed}/fork", json={"count": 2})
+    assert r.status_code == 409 and "disk full" in r.json()["error"]["message"], r.text
+    assert (await client.delete(f"/v1/snapshots/{snap}")).status_code == 204
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 1})
+    assert r.status_code == 404 and "deleted" in r.json()["error"]["message"], r.text
+    assert not [c for c in peers.calls if c[0] == "create"]  # nothing was started anywhere
+
+
+async def test_a_snapshot_fork_child_that_fails_leaves_the_others(deployment, monkeypatch):
+    core, client, peers, order = deployment
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: False))
+    snap = await _stored(client)
+    core.runtime.fail_restores = 1
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 3})
+    assert r.status_code == 200, r.text
+    kids, errors = r.json()["sandboxes"], r.json()["errors"]
+    assert len(kids) == 2 and len(errors) == 1
+    assert errors[0]["error"]["type"] == "InvalidStateError" and 0 <= errors[0]["index"] < 3
+    for k in kids:
+        assert (await client.get(f"/v1/sandboxes/{k['sandbox_id']}")).json()["state"] == \
+            "running"
+    # this host's room ends: the children past it fail alone, the others run
+    monkeypatch.setattr(core.sandboxes, "settings", dataclasses.replace(
+        core.sandboxes.settings, max_sandboxes=len(core.sandboxes.live) + 1))
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 3})
+    assert len(r.json()["sandboxes"]) == 1 and len(r.json()["errors"]) == 2, r.text
+    assert {e["error"]["type"] for e in r.json()["errors"]} == {"CapacityError"}
+    r = await client.post(f"/v1/sandboxes/{kids[0]['sandbox_id']}/rollback",
+                          json={"snapshot_id": snap})  # a full host: it keeps its slot
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    # in a deployment where no host has room: each child's error, not the request's
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
+    order[:] = [host("p1", 2), host("p2", 2)]
+    peers.full = {"p1", "p2"}
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 2})
+    assert r.status_code == 200 and r.json()["sandboxes"] == [], r.text
+    assert [e["index"] for e in r.json()["errors"]] == [0, 1]
 
 
 async def _key(core, tenant: str) -> str:

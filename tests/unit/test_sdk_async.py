@@ -112,6 +112,10 @@ async def test_snapshots_fork_rollback(client: AsyncSandlot, afast: Fast) -> Non
     kids = await sbx.fork(3)
     assert len(kids) == 2 and isinstance(kids.errors[0], SandlotError)
     assert [s.name for s in await client.snapshots.list()] == ["good"]
+    afast.runtime.fail_restores = 1  # a stored snapshot forks: each child alone
+    kids = await snap.fork(3, env={"K": "v"})
+    assert len(kids) == 2 and isinstance(kids.errors[0], SandlotError)
+    assert {k.info.env["K"] for k in kids} == {"v"}
     assert await snap.remove() is True
     afast.runtime.fail_persist = "disk full"
     with pytest.raises(SnapshotFailedError):

@@ -107,6 +107,17 @@ def test_snapshot_commands(fake: Fast) -> None:
     assert code == 0 and "ready" in out
     code, out, _ = run("snapshot", "restore", "n", "--memory", "2048", "--env", "B=2", "--json")
     assert code == 0 and json.loads(out)["memory_mb"] == 2048
+    run("sandbox", "kill", sid)  # a snapshot forks with no running parent
+    code, out, _ = run("snapshot", "fork", "n", "-n", "3", "--env", "B=2", "--metadata",
+                       "m=1", "--timeout", "90", "--json")
+    kids = json.loads(out)
+    assert code == 0 and len(kids) == 3 and len({k["sandbox_id"] for k in kids}) == 3
+    assert {(k["env"]["B"], k["metadata"]["m"], k["timeout"]) for k in kids} == {("2", "1", 90)}
+    fake.runtime.fail_restores = 1  # a child that fails: the others are shown, exit 1
+    code, out, err = run("snapshot", "fork", "n", "--count", "2", "--json")
+    assert code == 1 and len(json.loads(out)) == 1 and "fork child" in err
+    code, _, err = run("snapshot", "fork", "nope", "-n", "2")
+    assert code == 1 and "not found" in err
     assert run("snapshot", "rm", "n")[0] == 0
     code, _, err = run("snapshot", "rm", "n")
     assert code == 1 and err.startswith("error: snapshot n not found")

@@ -21,6 +21,7 @@ from sandlot import (
     ConflictError,
     GuestError,
     InvalidArgumentError,
+    InvalidStateError,
     NotFoundError,
     Sandbox,
     SandboxError,
@@ -91,8 +92,18 @@ def test_a_snapshot_forks_into_sandboxes(client: Sandlot, sbx: Sandbox, fast: Fa
                                                       "timeout": 60}
     assert {k.files.read("/tmp/s") for k in kids} == {"kept"}
     assert {k.info.env.get("K") for k in kids} == {"v"}
+    fast.runtime.fail_restores = 1  # one child fails: the others are there, its error typed
+    kids = snap.fork(3)
+    assert len(kids) == 2 and [type(e) for e in kids.errors] == [InvalidStateError]
+    assert kids.errors[0].message.startswith("fork child ")
+    fast.runtime.fail_restores = 2  # every child fails: the first error is raised
+    with pytest.raises(InvalidStateError):
+        snap.fork(2)
     with pytest.raises(InvalidArgumentError):
         snap.fork(0)
+    snap.remove()
+    with pytest.raises(NotFoundError):
+        snap.fork(1)
 
 
 def test_context_manager_kills(client: Sandlot, fast: Fast) -> None:

@@ -7,7 +7,6 @@ snapshots stay restorable, and it cleans up when it comes back."""
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import httpx
 import pytest
 from snapkit import ask, start_holder, wait_for
 
-from harness import cleanup, make_server
+from harness import cleanup, start_cluster
 from sandlot import Sandbox, Sandlot
 from sandlot.errors import CapacityError
 
@@ -28,19 +27,9 @@ HOST_TIMEOUT = 15  # silence before a host is lost: a live host on a loaded mach
 
 @pytest.fixture(scope="module")
 def cluster(s3, postgres, tmp_path_factory):
-    database = postgres.new_database("cluster" + secrets.token_hex(3))
-    prefix = "cluster-" + secrets.token_hex(3)
-    hosts = {}
-    for name in HOSTS:
-        srv = make_server(tmp_path_factory.mktemp(f"host-{name}"), f"cl{name}")
-        srv.extra_env.update({
-            "SANDLOT_DATABASE_URL": database, "SANDLOT_STORE": s3.url(prefix), **s3.env,
-            "SANDLOT_HOST_ID": f"host-{name}", "SANDLOT_POOL_SIZE": "0",
-            "SANDLOT_HEARTBEAT": "1", "SANDLOT_HOST_TIMEOUT": str(HOST_TIMEOUT),
-            "SANDLOT_MAX_SANDBOXES": str(A_SLOTS) if name == "a" else "8"})
-        hosts[name] = srv
-    for srv in hosts.values():
-        srv.start(timeout=180)
+    hosts = start_cluster(s3, postgres, tmp_path_factory,
+                          {name: A_SLOTS if name == "a" else 8 for name in HOSTS}, "cluster",
+                          SANDLOT_HEARTBEAT="1", SANDLOT_HOST_TIMEOUT=str(HOST_TIMEOUT))
     yield hosts
     for srv in hosts.values():
         cleanup(srv)

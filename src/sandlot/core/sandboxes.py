@@ -86,6 +86,7 @@ class SandboxManager:
         # Per tenant on this host: streams open, and creates under way (not live yet).
         self.key_streams = KeyStreams(settings.limits.key_streams)
         self._starting: dict[str, int] = {}
+        self._launching: set[str] = set()  # sandboxes whose VMs start here now
 
     # ---- records --------------------------------------------------------------------------
 
@@ -228,7 +229,7 @@ class SandboxManager:
 
     def check_room(self, count: int = 1) -> None:
         """Room on this host for `count` more sandboxes (SANDLOT_MAX_SANDBOXES)."""
-        running, slots = len(self.live), self.settings.max_sandboxes
+        running, slots = self._occupied(), self.settings.max_sandboxes
         if running + count > slots:
             raise CapacityError(f"host {self.host_id} runs {running} of its {slots} sandboxes "
                                 f"(SANDLOT_MAX_SANDBOXES); {count} more do not fit")
@@ -260,7 +261,11 @@ class SandboxManager:
                 del self._starting[owner]
 
     def free_slots(self) -> int:
-        return max(0, self.settings.max_sandboxes - len(self.live))
+        return max(0, self.settings.max_sandboxes - self._occupied())
+
+    def _occupied(self) -> int:
+        """This host's slots in use: its running sandboxes and those starting."""
+        return len(self._launching.union(self.live))
 
     def check_request(self, req: CreateSandbox) -> None:
         """The caller's env, metadata and egress rules are within the limits."""
@@ -295,7 +300,19 @@ class SandboxManager:
     async def _start(self, rec: SandboxRecord, source: Source, boot: bool = False,
                      failed: SandboxState = SandboxState.FAILED) -> LiveSandbox:
         """Restore `source` into the sandbox `rec` describes (`boot`: boot from its disk),
-        and register it as live; if that fails, the record goes to `failed`."""
+        and register it as live; if that fails, the record goes to `failed`. CapacityError
+        if this host has no slot left: those starting count, so concurrent starts (a fork's
+        children) see each other."""
+        if rec.sandbox_id not in self._launching:  # (a rollback's restart keeps its slot)
+            self.check_room()
+        self._launching.add(rec.sandbox_id)
+        try:
+            return await self._restore(rec, source, boot, failed)
+        finally:
+            self._launching.discard(rec.sandbox_id)
+
+    async def _restore(self, rec: SandboxRecord, source: Source, boot: bool,
+                       failed: SandboxState) -> LiveSandbox:
         await self._save(rec)
         try:
             vm = await self.runtime.restore(source.image, plan_of(rec), rec.sandbox_id,
@@ -543,10 +560,14 @@ class SandboxManager:
             rec.env = {**source.env, **{k: v for k, v in rec.env.items()
                                         if k not in source.env}}
             rec.generation = new_generation()
-            self.live.pop(sandbox_id, None)
-            await self.runtime.kill(live.vm)
-            transition(rec, SandboxState.STARTING)
-            new = await self._start(rec, source)
+            self._launching.add(sandbox_id)  # its slot stays taken through the restart
+            try:
+                self.live.pop(sandbox_id, None)
+                await self.runtime.kill(live.vm)
+                transition(rec, SandboxState.STARTING)
+                new = await self._start(rec, source)
+            finally:
+                self._launching.discard(sandbox_id)
             new.lock = live.lock
         return rec
 
