@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, SandlotError, StorageError
-from sandlot.storage.chunks import chunk_key, unpack_chunk
+from sandlot.storage.chunks import blake3_hex, chunk_key, unpack_chunk
 from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
 
@@ -37,7 +37,7 @@ BACKOFF = 0.5  # seconds before the second attempt, doubling
 PREFETCH = 8  # background fetches in flight
 MAX_ORDER = 1 << 20  # chunk entries an order may list
 PACK_CHUNKS = 2048  # chunks a pack holds at most (128 MiB before compression)
-PACK_RANGE = 4 << 20  # bytes per ranged read of a pack
+PACK_RANGE = 8 << 20  # bytes per ranged read of a pack
 PACK_READS = 4  # ranged reads of a pack in flight
 ORDER_WINDOW = 60.0  # seconds of first reads an order records
 FIRST = ("devstate",)  # files every restore reads whole before anything else
@@ -59,11 +59,14 @@ class Order:
 
     chunks: list[tuple[str, int]]
     pack: list[tuple[int, int]] | None = None
+    blake3: list[str] | None = None  # per chunk in the pack, of its bytes (faster to check)
 
     def dumps(self) -> bytes:
         data: dict = {"format": "2", "chunks": [list(c) for c in self.chunks[:MAX_ORDER]]}
         if self.pack is not None:
             data["pack"] = [list(p) for p in self.pack[:MAX_ORDER]]
+        if self.blake3 is not None:
+            data["blake3"] = self.blake3[:MAX_ORDER]
         return json.dumps(data).encode()
 
     @classmethod
@@ -77,7 +80,12 @@ class Order:
                 pack = [(int(o), int(n)) for o, n in pack[:MAX_ORDER]]
                 if len(pack) != len(chunks):
                     pack = None
-            return cls(chunks, pack)
+            b3 = data.get("blake3")
+            if b3 is not None:
+                b3 = [str(d) for d in b3[:MAX_ORDER]]
+                if pack is None or len(b3) != len(chunks):
+                    b3 = None
+            return cls(chunks, pack, b3)
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls([])
 
@@ -258,12 +266,13 @@ class LazyFiles:
         Best effort: what a read or a check fails is fetched chunk by chunk later."""
         if order.pack is None:
             return
-        entries = sorted(((off, length, name, index)
-                          for (name, index), (off, length) in zip(order.chunks, order.pack,
-                                                                  strict=True)
+        b3s = order.blake3 or [None] * len(order.chunks)
+        entries = sorted(((off, length, name, index, b3)
+                          for (name, index), (off, length), b3 in zip(order.chunks, order.pack,
+                                                                      b3s, strict=True)
                           if name in self._files and index in self._files[name].manifest.chunks
                           and length > 0), key=lambda e: e[0])
-        groups: list[list[tuple[int, int, str, int]]] = []
+        groups: list[list[tuple[int, int, str, int, str | None]]] = []
         for entry in entries:
             if groups and entry[0] + entry[1] - groups[-1][0][0] <= PACK_RANGE:
                 groups[-1].append(entry)
@@ -271,9 +280,9 @@ class LazyFiles:
                 groups.append([entry])
         slots = asyncio.Semaphore(parallel)
 
-        async def one(group: list[tuple[int, int, str, int]]) -> None:
+        async def one(group: list[tuple[int, int, str, int, str | None]]) -> None:
             if self.failed is not None or all(self._files[n].present[i]
-                                              for _, _, n, i in group):
+                                              for _, _, n, i, _ in group):
                 return
             start, end = group[0][0], group[-1][0] + group[-1][1]
             async with slots:
@@ -290,19 +299,20 @@ class LazyFiles:
 
         await asyncio.gather(*(one(g) for g in groups))
 
-    def _unpack_group(self, blob: bytes, start: int, group: list[tuple[int, int, str, int]]
+    def _unpack_group(self, blob: bytes, start: int,
+                      group: list[tuple[int, int, str, int, str | None]]
                       ) -> list[tuple[str, int, int]]:
         """(In a thread.) Verify and write a pack range's chunks; those that fail the check
         are left to be fetched one by one."""
         done = []
-        for off, length, name, index in group:
+        for off, length, name, index, b3 in group:
             f = self._files[name]
             if f.present[index]:
                 continue
             digest = f.manifest.chunks[index]
             try:
                 data = unpack_chunk(blob[off - start:off - start + length], digest, f.chunk,
-                                    f"{self.what}, {name} (pack)")
+                                    f"{self.what}, {name} (pack)", blake3=b3)
             except StorageError as e:
                 log.warning("%s", e)
                 continue
@@ -316,18 +326,21 @@ class LazyFiles:
         import zstandard
 
         compress = zstandard.ZstdCompressor(level=1)
-        chunks, offsets, parts, at = [], [], [], 0
+        chunks, offsets, b3s, parts, at = [], [], [], [], 0
         for name, index in list(self.touched):
             f = self._files[name]
             if len(chunks) >= limit or not f.present[index]:
                 continue
-            data = os.pread(f.fd, f.chunk, index * f.chunk)
+            size = min(f.chunk, f.manifest.size - index * f.chunk)
+            data = os.pread(f.fd, size, index * f.chunk)  # checked when it was fetched
             packed = compress.compress(data)
             chunks.append((name, index))
             offsets.append((at, len(packed)))
+            b3s.append(blake3_hex(data))
             parts.append(packed)
             at += len(packed)
-        return Order(chunks, offsets), b"".join(parts)
+        blake3 = b3s if all(b is not None for b in b3s) else None
+        return Order(chunks, offsets, blake3), b"".join(parts)
 
     def _queue(self, order: Iterable[tuple[str, int]], first_only: bool = False,
                order_only: bool = False) -> Iterator[tuple[str, int]]:

@@ -150,16 +150,22 @@ def serve(config: dict) -> None:
                          f"image {key}", loop)
 
     files = run(make())
-    order = run(_fetch_order(objects, key), 30)
     started = time.monotonic()
     saved = threading.Event()
+    orders: list[Order | None] = []  # the image's recorded order, once asked (None: none)
+    known = asyncio.Event()
 
     async def fill() -> None:
-        parallel = int(config.get("prefetch", 8))
-        if parallel:  # else only what is read is fetched
+        parallel = int(config.get("prefetch", 8))  # 0: only what is read is fetched
+        first = asyncio.ensure_future(files.prefetch(first_only=True) if parallel
+                                      else asyncio.sleep(0))  # while the mount comes up
+        order = await _fetch_order(objects, key)
+        orders.append(order)
+        known.set()
+        await first
+        if parallel:
             if order is not None:
-                await asyncio.gather(files.prefetch(first_only=True),
-                                     files.load_pack(key, order))
+                await files.load_pack(key, order)
                 log.info("%s: first files and pack in (%d chunks)", key, files.fetched_chunks)
                 # the order's chunks the pack did not bring, at full speed; then the rest
                 # slower, leaving the CPU to the VMs that run meanwhile
@@ -171,7 +177,8 @@ def serve(config: dict) -> None:
         log.info("%s: every chunk local (%.1f MiB fetched)", key, files.fetched_bytes / 2**20)
 
     async def record() -> None:  # what the first window of reads touched, once per image
-        if order is None:
+        await known.wait()
+        if orders[0] is None:
             await asyncio.sleep(max(0.0, ORDER_WINDOW - (time.monotonic() - started)))
             await _save_order(objects, key, files)
             saved.set()
@@ -198,7 +205,7 @@ def serve(config: dict) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        if order is None and not saved.is_set():
+        if orders and orders[0] is None and not saved.is_set():
             with contextlib.suppress(Exception):
                 run(_save_order(objects, key, files), 60)
         if files.failed is not None and not (dir_ / FAILED).exists():
