@@ -207,7 +207,7 @@ def serve(config: dict) -> None:
             task.cancel()
         if orders and orders[0] is None and not saved.is_set():
             with contextlib.suppress(Exception):
-                run(_save_order(objects, key, files), 60)
+                run(_save_order(objects, key, files), 10)
         if files.failed is not None and not (dir_ / FAILED).exists():
             (dir_ / FAILED).write_text(files.failed)
         files.close()
