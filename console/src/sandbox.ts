@@ -77,9 +77,8 @@ function terminal(base: string, el: HTMLElement, bar: HTMLElement): () => void {
     const sock = new WebSocket(`${scheme}//${location.host}${base}/pty`);
     sock.binaryType = "arraybuffer";
     ws = sock;
-    sock.onopen = () => sock.send(JSON.stringify(pid === null
-      ? { api_key: key(), cols: t.cols, rows: t.rows }
-      : { api_key: key(), pid }));
+    sock.onopen = () => sock.send(JSON.stringify(
+      { api_key: key(), cols: t.cols, rows: t.rows, ...(pid === null ? {} : { pid }) }));
     sock.onmessage = (ev: MessageEvent) => {
       if (sock !== ws) return;
       if (typeof ev.data !== "string") {
@@ -88,11 +87,9 @@ function terminal(base: string, el: HTMLElement, bar: HTMLElement): () => void {
       }
       const msg = JSON.parse(ev.data);
       if (msg.type === "start") {
-        const attached = pid === msg.pid;
         pid = msg.pid;
         t.reset();  // the socket replays the terminal's output from its start
         status.textContent = `shell ${pid}`;
-        if (attached) sock.send(JSON.stringify({ type: "resize", cols: t.cols, rows: t.rows }));
       } else if (msg.type === "exit") {
         status.textContent = `exited (${msg.exit_code})`;
         pid = null;

@@ -100,7 +100,9 @@ async def test_input_resize_and_reattach(env):
     size = env.terminal(pid, sid)
     assert (size.cols, size.rows) == (120, 40)
     async with env.ws(sid) as ws:
-        assert await opened(ws, env.keys["a"], pid=pid) == pid
+        assert await opened(ws, env.keys["a"], pid=pid, cols=100, rows=50) == pid
+        size = env.terminal(pid, sid)
+        assert (size.cols, size.rows) == (100, 50)  # the attaching client's size
         r = await env.http.post(f"/v1/sandboxes/{sid}/commands/{pid}/stdin",
                                 json={"eof": True}, headers=auth)
         assert r.status_code == 204
@@ -141,7 +143,15 @@ async def test_bad_requests_are_said_and_close_4400(env):
         await ws.send(json.dumps({"type": "resize", "cols": 5000, "rows": 1}))
         code, error = await refused(ws)
     assert code == 4400 and "cols" in error["message"]
-    async with env.ws(sid) as ws:  # the terminal outlived the bad message
+    async with env.ws(sid) as ws:
+        await ws.send(json.dumps({"api_key": env.keys["a"], "pid": pid, "cmd": "sh"}))
+        code, error = await refused(ws)
+    assert code == 4400 and "cmd" in error["message"]
+    async with env.ws(sid) as ws:
+        await ws.send(json.dumps({"api_key": env.keys["a"], "pid": 99999}))
+        code, error = await refused(ws)
+    assert code == 4404 and "99999" in error["message"]
+    async with env.ws(sid) as ws:  # the terminal outlived the bad messages
         assert await opened(ws, env.keys["a"], pid=pid) == pid
         await ws.send(json.dumps({"type": "title", "text": "x"}))
         code, error = await refused(ws)

@@ -17,7 +17,7 @@ import json
 import logging
 
 from fastapi import APIRouter, WebSocket
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from sandlot.core.commands import Exited, Output
@@ -46,7 +46,16 @@ class PtyOpen(BaseModel):
     env: dict[str, str] | None = None
     user: str | None = None
     timeout: float | None = Field(None, ge=0, description="s; none by default")
-    pid: int | None = Field(None, description="attach to this running process instead")
+    pid: int | None = Field(None, description="attach to this running process instead (its "
+                                              "size set to cols x rows if they are given)")
+
+    @model_validator(mode="after")
+    def _one_or_the_other(self) -> PtyOpen:
+        started = {"cmd", "cwd", "env", "user", "timeout"} & self.model_fields_set
+        if self.pid is not None and started:
+            raise ValueError(f"{', '.join(sorted(started))}: for a new terminal; "
+                             "pid attaches to a running one")
+        return self
 
 
 class Resize(BaseModel):
@@ -134,6 +143,9 @@ async def _serve(websocket: WebSocket, sandbox_id: str, opened: PtyOpen, who: Pr
                 timeout=opened.timeout, background=True, pty=size), who=who)
         elif all(p.pid != pid for p in await commands.list(sandbox_id, all=True, who=who)):
             raise NotFoundError(f"no process {pid} in sandbox {sandbox_id}")
+        elif {"cols", "rows"} & opened.model_fields_set:
+            await commands.resize(sandbox_id, pid, TerminalSize(cols=opened.cols,
+                                                                rows=opened.rows), who=who)
     except SandlotError as e:
         raise Refused.of(e) from None
     await websocket.send_text(json.dumps({"type": "start", "pid": pid}))
