@@ -1,11 +1,11 @@
-// One sandbox: its record and actions, a terminal (the PTY API), files, metrics, ports.
+// One sandbox: its record and actions, a terminal (the PTY WebSocket), files, metrics, ports.
 
 import { FitAddon } from "@xterm/addon-fit";
 import { Terminal } from "@xterm/xterm";
 import uPlot from "uplot";
 
 import { sandboxActions } from "./actions";
-import { call, lines, raw } from "./api";
+import { ApiError, call, key, raw } from "./api";
 import { source } from "./sandboxes";
 import { onChange, store } from "./store";
 import { age, bytes, clearError, h, showError } from "./ui";
@@ -50,69 +50,76 @@ function terminal(base: string, el: HTMLElement, bar: HTMLElement): () => void {
   t.open(el);
   (window as any).sandlotTerminal = t;  // for the browser tests
   fit.fit();
-  let pid: number | null = null;
-  let ctl: AbortController | null = null;
+  let pid: number | null = null;  // the shell's: a new socket attaches to it, if it runs
+  let ws: WebSocket | null = null;
   let gone = false;
-  let sending = Promise.resolve();
+  const encoder = new TextEncoder();
   const status = h("span", { class: "muted", id: "terminal-status" });
   const again = h("button", { type: "button", id: "terminal-reconnect",
                               onclick: () => connect() }, "Reconnect");
   bar.append(status, again);
 
+  // GET /v1/sandboxes/{id}/pty: the key goes in the first message, never in the URL
   const connect = async () => {
-    ctl?.abort();
-    ctl = new AbortController();
+    ws?.close(1000);  // the shell goes on: the new socket attaches to it
+    ws = null;
     clearError();
     try {
-      if (pid === null || !(await running(pid))) {
-        status.textContent = "starting a shell…";
-        const r = await call("POST", `${base}/commands`, {
-          cmd: "if command -v bash >/dev/null; then exec bash -i -l; else exec sh -i -l; fi",
-          background: true, timeout: null, pty: { cols: t.cols, rows: t.rows } });
-        pid = r.pid;
-      }
-      status.textContent = `shell ${pid}: connecting`;
-      const r = await raw("GET", `${base}/commands/${pid}/stream`, { signal: ctl.signal });
-      t.reset();  // the stream replays the terminal's output from its start
-      for await (const line of lines(r)) {
-        if (!line.trim()) continue;
-        const ev = JSON.parse(line);
-        if (ev.type === "stdout" || ev.type === "stderr") {
-          t.write(ev.data);
-          status.textContent = `shell ${pid}`;
-        }
-        else if (ev.type === "exit") { status.textContent = `exited (${ev.exit_code})`; pid = null; }
-        else if (ev.type === "error") showError(new Error(ev.error.message));
-      }
+      if (pid !== null && !(await running(pid))) pid = null;
     } catch (e) {
-      if (!gone && (e as Error).name !== "AbortError") {
-        showError(e);
-        status.textContent = "disconnected";
-      }
+      showError(e);
+      status.textContent = "disconnected";
+      return;
     }
+    if (gone) return;
+    status.textContent = pid === null ? "starting a shell…" : `shell ${pid}: connecting`;
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const sock = new WebSocket(`${scheme}//${location.host}${base}/pty`);
+    sock.binaryType = "arraybuffer";
+    ws = sock;
+    sock.onopen = () => sock.send(JSON.stringify(
+      { api_key: key(), cols: t.cols, rows: t.rows, ...(pid === null ? {} : { pid }) }));
+    sock.onmessage = (ev: MessageEvent) => {
+      if (sock !== ws) return;
+      if (typeof ev.data !== "string") {
+        t.write(new Uint8Array(ev.data as ArrayBuffer));
+        return;
+      }
+      const msg = JSON.parse(ev.data);
+      if (msg.type === "start") {
+        pid = msg.pid;
+        t.reset();  // the socket replays the terminal's output from its start
+        status.textContent = `shell ${pid}`;
+      } else if (msg.type === "exit") {
+        status.textContent = `exited (${msg.exit_code})`;
+        pid = null;
+      } else if (msg.type === "error") {
+        showError(new ApiError(0, msg.error.type, msg.error.message));
+      }
+    };
+    sock.onclose = (ev: CloseEvent) => {
+      if (sock !== ws || gone) return;
+      ws = null;
+      if (ev.code !== 1000) status.textContent = "disconnected";
+    };
   };
   const running = async (p: number) => {
     const r = await call<{ processes: { pid: number; running: boolean }[] }>(
       "GET", `${base}/commands`);
     return r.processes.some((x) => x.pid === p && x.running);
   };
-  t.onData((data) => {
-    if (pid === null) return;
-    const p = pid;
-    sending = sending.then(() => call("POST", `${base}/commands/${p}/stdin`, { data }))
-      .then(() => undefined, (e) => showError(e));
-  });
-  t.onResize(({ cols, rows }) => {
-    if (pid !== null) call("POST", `${base}/commands/${pid}/resize`, { cols, rows })
-      .catch(() => undefined);
-  });
+  const send = (data: string | Uint8Array) => {
+    if (ws?.readyState === WebSocket.OPEN && pid !== null) ws.send(data);
+  };
+  t.onData((data) => send(encoder.encode(data)));
+  t.onResize(({ cols, rows }) => send(JSON.stringify({ type: "resize", cols, rows })));
   const observer = new ResizeObserver(() => fit.fit());
   observer.observe(el);
   connect();
   return () => {
     gone = true;
     observer.disconnect();
-    ctl?.abort();
+    ws?.close(1000);
     t.dispose();
     delete (window as any).sandlotTerminal;
   };

@@ -98,6 +98,15 @@ def test_a_wrong_key_is_refused_with_the_apis_words(browser, server) -> None:
     page.close()
 
 
+def printed(page: Page, text: str) -> None:
+    """Wait until the terminal shows `text` on some line."""
+    page.wait_for_function("""text => {
+        const b = window.sandlotTerminal.buffer.active;
+        for (let i = 0; i < b.length; i++)
+            if ((b.getLine(i)?.translateToString() ?? '').includes(text)) return true;
+        return false; }""", arg=text)
+
+
 def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, server, keys,
                                                                     made, tmp_path) -> None:
     page = open_console(browser, server, keys["a"])
@@ -115,11 +124,16 @@ def test_a_new_sandbox_appears_live_and_its_terminal_runs_commands(browser, serv
     }""")
     page.locator("#terminal").click()
     page.keyboard.type("echo console-$((6 * 7))\n")
-    page.wait_for_function("""() => {
-        const b = window.sandlotTerminal.buffer.active;
-        for (let i = 0; i < b.length; i++)
-            if ((b.getLine(i)?.translateToString() ?? '').includes('console-42')) return true;
-        return false; }""")
+    printed(page, "console-42")
+    # Reconnect: a new socket (the key in its first message, not its URL), the same shell
+    shell = page.locator("#terminal-status").text_content()
+    with page.expect_websocket() as opened:
+        page.click("#terminal-reconnect")
+    assert opened.value.url.endswith(f"/v1/sandboxes/{box.sandbox_id}/pty")
+    expect(page.locator("#terminal-status")).to_have_text(shell)
+    page.locator("#terminal").click()
+    page.keyboard.type("echo again-$((6 * 7))\n")
+    printed(page, "again-42")
     # the file browser: an upload lands in the sandbox, a download brings it back
     upload = tmp_path / "from-console.txt"
     upload.write_text("uploaded through the console\n")

@@ -1,11 +1,16 @@
 """The fast tier's in-process server handle, imported by the unit tests by name
-(`from fastkit import Fast`)."""
+(`from fastkit import Fast`), and `serving`: an app under uvicorn on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 import httpx
+import uvicorn
+
+from sandlot.testing import free_port
 
 URL = "http://sandlot.test"
 
@@ -51,3 +56,20 @@ class Fast:
     @property
     def core(self):
         return self.server.core
+
+
+@contextlib.asynccontextmanager
+async def serving(app, port: int | None = None):
+    """`app` under uvicorn on a loopback port (its own by default), lifespan included."""
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
+                                           log_level="warning", ws="auto"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the server did not start"
+        await asyncio.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await task

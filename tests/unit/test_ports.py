@@ -7,13 +7,12 @@ process behind the sandbox's port."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import httpx
 import pytest
-import uvicorn
 from e2b import AsyncSandbox
+from fastkit import serving
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -72,23 +71,6 @@ class Upstream:
 
         return Starlette(routes=[Route("/hello", hello), Route("/echo", echo, methods=["POST"]),
                                  Route("/stream", stream), WebSocketRoute("/ws", ws)])
-
-
-@contextlib.asynccontextmanager
-async def serving(app, port: int | None = None):
-    """`app` under uvicorn on a loopback port (its own by default), lifespan included."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning", ws="auto"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the server did not start"
-        await asyncio.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        await task
 
 
 class Env:

@@ -6,6 +6,7 @@ snapshots stay restorable, and it cleans up when it comes back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 import httpx
 import pytest
 from snapkit import ask, start_holder, wait_for
+from websockets.sync.client import connect
 
 from harness import cleanup, start_cluster
 from sandlot import Sandbox, Sandlot
@@ -77,6 +79,15 @@ def test_a_sandbox_is_used_through_any_host(cluster) -> None:
     remote.files.write("/root/big.bin", os.urandom(3 << 20))
     assert len(remote.files.read("/root/big.bin", format="bytes")) == 3 << 20
     assert sbx.sandbox_id in {s.sandbox_id for s in client(other).sandboxes.list()}
+    # a terminal's WebSocket too: relayed to the owner, which checks the first message's key
+    url = other.url.replace("http", "ws", 1) + f"/v1/sandboxes/{sbx.sandbox_id}/pty"
+    with connect(url, open_timeout=60) as ws:
+        ws.send(json.dumps({"api_key": other.key, "cmd": "echo far-$((2 * 21)); exit 6"}))
+        frames = []
+        while not isinstance(frame := ws.recv(timeout=60), str) or '"exit"' not in frame:
+            frames.append(frame)
+    assert b"far-42" in b"".join(f for f in frames if isinstance(f, bytes))
+    assert json.loads(frame) == {"type": "exit", "exit_code": 6}
     remote.kill()
     assert client(cluster["c"]).sandboxes.get_info(sbx.sandbox_id).state == "stopped"
 

@@ -1,9 +1,11 @@
 """Terminals against real VMs: `sbx.pty` (a shell on a pseudo-terminal: input, size, Ctrl-C,
-exit status, reconnect) and `sandlot sandbox shell` driven through a real pseudo-terminal."""
+exit status, reconnect), `sandlot sandbox shell` driven through a real pseudo-terminal, and
+the terminal WebSocket (`GET /v1/sandboxes/{id}/pty`) through a real WebSocket client."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -16,6 +18,8 @@ import threading
 import time
 
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from sandlot import AsyncSandbox, InvalidArgumentError, NotFoundError, Sandbox
 
@@ -175,3 +179,76 @@ def test_cli_shell_through_a_real_terminal(server, sbx):
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def _socket(server, sandbox_id: str) -> ClientConnection:
+    return connect(server.url.replace("http", "ws", 1) + f"/v1/sandboxes/{sandbox_id}/pty",
+                   open_timeout=60)
+
+
+def _drawn(ws: ClientConnection, pattern: bytes, seen: bytearray, timeout: float = 90
+           ) -> None:
+    """Read output frames into `seen` until `pattern` is in it."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, seen):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{pattern!r} not drawn; got {bytes(seen[-2000:])!r}")
+        try:
+            frame = ws.recv(timeout=left)
+        except TimeoutError:
+            continue
+        assert isinstance(frame, bytes), frame  # no control message before the exit
+        seen.extend(frame)
+
+
+def test_a_terminal_over_a_websocket(server, sbx):
+    """The key in the first message; keys and output as binary frames, a resize as a text
+    frame; the shell's exit comes as a message, then the close."""
+    with _socket(server, sbx.sandbox_id) as ws:
+        ws.send(json.dumps({"api_key": server.key, "cols": 90, "rows": 20,
+                            "env": {"MARK": "w5"}}))
+        start = json.loads(ws.recv(timeout=60))
+        assert start["type"] == "start"
+        seen = bytearray()
+        _drawn(ws, PROMPT.encode(), seen)  # a shell starting up drops what was typed ahead
+        ws.send(b"echo hi-$MARK; stty size\r")
+        _drawn(ws, rb"hi-w5", seen)
+        _drawn(ws, rb"20 90", seen)
+        info = next(p for p in sbx.commands.list() if p.pid == start["pid"])
+        assert info.pty and info.running
+        ws.send(json.dumps({"type": "resize", "cols": 132, "rows": 43}))
+        ws.send(b"stty size\r")
+        _drawn(ws, rb"43 132", seen)
+        ws.send(b"exit 4\r")
+        while isinstance(last := ws.recv(timeout=60), bytes):  # the rest of the output
+            pass
+        assert json.loads(last) == {"type": "exit", "exit_code": 4}
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=60)
+    assert ws.close_code == 1000
+
+
+def _refusal(server, sandbox_id: str, first: str) -> tuple[int | None, dict]:
+    with _socket(server, sandbox_id) as ws:
+        ws.send(first)
+        said = json.loads(ws.recv(timeout=60))
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=60)
+    assert said["type"] == "error"
+    return ws.close_code, said["error"]
+
+
+def test_a_websocket_terminal_needs_a_key_of_the_sandboxs_tenant(server, sbx):
+    running = {p.pid for p in sbx.commands.list()}
+    for first in (json.dumps({"api_key": "sl_not_a_key", "cols": 80, "rows": 24}),
+                  json.dumps({"cols": 80, "rows": 24})):
+        code, error = _refusal(server, sbx.sandbox_id, first)
+        assert code == 1008 and error["type"] == "AuthenticationError", error
+    other = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
+                            "pty-other", "--data-dir", str(server.data_dir)], env=server.env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    code, error = _refusal(server, sbx.sandbox_id, json.dumps({"api_key": other}))
+    assert code == 4404 and error["type"] == "NotFoundError", error  # as a missing one
+    assert {p.pid for p in sbx.commands.list()} == running  # no shell started for any
+

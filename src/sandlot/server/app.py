@@ -34,6 +34,7 @@ from sandlot.server.routes_commands import router as commands_router
 from sandlot.server.routes_events import router as events_router
 from sandlot.server.routes_files import router as files_router
 from sandlot.server.routes_hosts import router as hosts_router
+from sandlot.server.routes_pty import router as pty_router
 from sandlot.server.routes_sandboxes import router as sandboxes_router
 from sandlot.server.routes_snapshots import router as snapshots_router
 
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     for router in (sandboxes_router, commands_router, files_router, snapshots_router,
                    hosts_router, events_router, builds_router):
         app.include_router(router, dependencies=auth)
+    app.include_router(pty_router)  # a WebSocket: its key comes in its first message
     app.include_router(e2b_router)  # E2B compatibility under /e2b, own auth (docs/e2b.md)
     app.include_router(metrics_router)  # Prometheus, unauthenticated like /health
     mount_console(app, settings.console_dir)  # static files; it signs in with a key (/v1)

@@ -159,7 +159,8 @@ class ForwardToOwner:
         self.get_core = get_core
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        websocket = scope["type"] == "websocket" and ports.target_of(scope) is not None
+        # WebSockets about a sandbox: a port's, or a terminal's (routes_pty.py)
+        websocket = scope["type"] == "websocket" and sandbox_of(scope) is not None
         core = self.get_core() if scope["type"] == "http" or websocket else None
         if core is None or not core.hosts.shared or forwarded(scope):
             await self.app(scope, receive, send)
@@ -179,7 +180,7 @@ class ForwardToOwner:
         if url is None:  # here, unknown, or its host is gone: answered here
             await self.app(scope, receive, send)
             return
-        if websocket:  # a port's WebSocket: relayed whole to the host that runs it
+        if websocket:  # relayed whole to the host that runs it (a terminal's key with it)
             if (await receive())["type"] == "websocket.connect":
                 host, port, tls = ports.peer_address(url)
                 token = scope["app"].state.peers.token
