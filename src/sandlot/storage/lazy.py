@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,11 @@ class _File:
         return -(-self.manifest.size // self.chunk)
 
 
+def _unpack_write(f: _File, index: int, packed: bytes, digest: str, what: str) -> None:
+    """(In a thread.) Check a fetched chunk and write it to its file."""
+    os.pwrite(f.fd, unpack_chunk(packed, digest, f.chunk, what), index * f.chunk)
+
+
 class LazyFiles:
     """`files`: per name, its manifest and the local path to fill. Reads (`read`, from any
     thread) and `prefetch` run their fetches on `loop`."""
@@ -128,6 +134,9 @@ class LazyFiles:
         self._record_until = time.monotonic() + record_for
         self._touch_lock = threading.Lock()
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
+        # checks and writes: for reads that wait on them, and for the prefetch
+        self._demand_pool = ThreadPoolExecutor(4, "lazy-demand")
+        self._bulk_pool = ThreadPoolExecutor(2, "lazy-bulk")
         self._files: dict[str, _File] = {}
         self._missing = 0
         self.complete = asyncio.Event()
@@ -161,6 +170,8 @@ class LazyFiles:
         return list(self._files)
 
     def close(self) -> None:
+        self._demand_pool.shutdown(wait=True, cancel_futures=True)  # before the fds go
+        self._bulk_pool.shutdown(wait=True, cancel_futures=True)
         for f in self._files.values():
             os.close(f.fd)
 
@@ -197,10 +208,11 @@ class LazyFiles:
     # ---- fetching (the loop) -------------------------------------------------------------
 
     async def _ensure_all(self, name: str, indices: list[int]) -> None:
-        await asyncio.gather(*(self.ensure(name, i) for i in indices))
+        await asyncio.gather(*(self.ensure(name, i, demand=True) for i in indices))
 
-    async def ensure(self, name: str, index: int) -> None:
-        """Chunk `index` of `name` local (fetched and verified if it was not)."""
+    async def ensure(self, name: str, index: int, demand: bool = False) -> None:
+        """Chunk `index` of `name` local (fetched and verified if it was not); `demand`: a
+        read waits for it (its checks never queue behind the prefetch's)."""
         f = self._files[name]
         if f.present[index]:
             return
@@ -208,13 +220,14 @@ class LazyFiles:
             raise StorageError(self.failed)
         fut = self._inflight.get((name, index))
         if fut is None:
-            fut = asyncio.ensure_future(self._fetch(name, f, index))
+            fut = asyncio.ensure_future(self._fetch(name, f, index, demand))
             self._inflight[(name, index)] = fut
             fut.add_done_callback(lambda _: self._inflight.pop((name, index), None))
         await asyncio.shield(fut)
 
-    async def _fetch(self, name: str, f: _File, index: int) -> None:
+    async def _fetch(self, name: str, f: _File, index: int, demand: bool) -> None:
         digest = f.manifest.chunks[index]
+        pool = self._demand_pool if demand else self._bulk_pool
         what = f"{self.what}, {name}"
         delay = self.backoff
         error = ""
@@ -225,7 +238,8 @@ class LazyFiles:
             try:
                 packed = await asyncio.wait_for(self.objects.get(chunk_key(digest)),
                                                 self.timeout)
-                data = await asyncio.to_thread(unpack_chunk, packed, digest, f.chunk, what)
+                await asyncio.get_running_loop().run_in_executor(
+                    pool, _unpack_write, f, index, packed, digest, what)
             except NotFoundError:
                 error = f"{what}: chunk {digest[:16]}... is missing from the store"
                 break  # it will not appear
@@ -235,7 +249,6 @@ class LazyFiles:
             except StorageError as e:
                 error = str(e)
                 continue  # a transport error, or a corrupt copy (not kept either way)
-            await asyncio.to_thread(os.pwrite, f.fd, data, index * f.chunk)
             self._mark(f, index, len(packed))
             return
         if self.failed is None:
@@ -293,7 +306,8 @@ class LazyFiles:
                     log.warning("%s: pack of %s not read (%s): fetching its chunks one by one",
                                 self.what, key, e)
                     return
-                done = await asyncio.to_thread(self._unpack_group, blob, start, group)
+                done = await asyncio.get_running_loop().run_in_executor(
+                    self._bulk_pool, self._unpack_group, blob, start, group)
             for name, index, length in done:
                 self._mark(self._files[name], index, length)
 
