@@ -129,7 +129,7 @@ class LazyFiles:
         self.fetched_chunks = 0
         self.waits = 0  # reads that waited for a fetch, and how long in all
         self.waited = 0.0
-        self.last_wait = time.monotonic()
+        self.last_wait = self.last_read = time.monotonic()
         self.touched: list[tuple[str, int]] = []  # chunks in the order first read
         self._record_until = time.monotonic() + record_for
         self._touch_lock = threading.Lock()
@@ -185,6 +185,7 @@ class LazyFiles:
         if offset >= end:
             return b""
         indices = range(offset // f.chunk, (end - 1) // f.chunk + 1)
+        self.last_read = time.monotonic()
         self._record(name, f, indices)
         wanted = [i for i in indices if not f.present[i]]
         if wanted:
@@ -257,12 +258,12 @@ class LazyFiles:
         raise StorageError(self.failed)
 
     async def quiet(self, idle: float, at_most: float) -> None:
-        """Return once no read has waited for a fetch for `idle` seconds, or after
-        `at_most` (the VMs' first steps are over: the rest can be fetched without them
-        waiting on it)."""
+        """Return once nothing has been read for `idle` seconds, or after `at_most` (the
+        VMs' first steps are over: the rest can be fetched without taking the CPU from
+        them)."""
         deadline = time.monotonic() + at_most
-        while (now := time.monotonic()) < deadline and now - self.last_wait < idle:
-            await asyncio.sleep(min(idle - (now - self.last_wait), deadline - now))
+        while (now := time.monotonic()) < deadline and now - self.last_read < idle:
+            await asyncio.sleep(min(idle - (now - self.last_read), deadline - now))
 
     def _mark(self, f: _File, index: int, fetched: int) -> None:
         """Chunk `index` of `f` is local (verified, written)."""

@@ -42,9 +42,9 @@ from sandlot.storage.objects import ObjectStore, open_store
 READY, COMPLETE, FAILED, MANIFEST = "lazy.ready", "lazy.complete", "lazy.failed", "manifest.json"
 STATS = "lazy.stats"  # what it fetched so far (JSON), rewritten as it changes
 STATS_INTERVAL = 0.1
-# after the order's chunks, the rest waits until no read has waited for a fetch this long
-# (the restores' first steps are done), or this long at most
-QUIET, QUIET_AT_MOST = 1.0, 10.0
+# after the order's chunks, the rest waits until nothing was read through the mount for this
+# long (the restores' first steps are done), or this long at most
+QUIET, QUIET_AT_MOST = 3.0, 30.0
 log = logging.getLogger("sandlot.lazyfs")
 
 
