@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -221,6 +222,7 @@ def main() -> None:
         for server in servers:
             server.close()
         s3.stop()
+        shutil.rmtree(root, ignore_errors=True)
     summary = {name: {"p50": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
                for name, v in out.items()}
     warm = summary["restore_warm_cache_ms"]["p50"]

@@ -27,6 +27,7 @@ from sandlot.errors import (
     InvalidArgumentError,
     InvalidStateError,
     SandlotError,
+    StorageError,
     VmmError,
 )
 from sandlot.guest.client import AgentClient, Configure
@@ -221,7 +222,9 @@ class BringUp(Part):
                         lease=lease, network=net)
             vm.save()
             self._grow_soon(vm, size)
-        except BaseException:
+        except BaseException as e:
+            failed = lease.lazy.failed() if lease is not None and lease.lazy is not None \
+                else None
             if connecting is not None and not connecting.done():
                 connecting.cancel()
             if finishing is not None:  # a thread: let it end (a failure removes its network)
@@ -230,6 +233,9 @@ class BringUp(Part):
             elif pending is not None:
                 await self.network.abandon(pending)
             await self._undo(vm_id, run_dir, machine, net, disks, jail, lease)
+            if failed is not None and isinstance(e, SandlotError):  # what the VM died of
+                raise StorageError(f"sandbox {vm_id}: its image could not be read: "
+                                   f"{failed}") from e
             raise
         return vm
 

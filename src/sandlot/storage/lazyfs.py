@@ -28,6 +28,7 @@ import errno
 import json
 import logging
 import os
+import select
 import stat
 import sys
 import threading
@@ -218,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--wait":
         import mfusepy  # noqa: F401 - imported ahead, while nothing waits for it
 
+        parent = os.getppid()
+        while not select.select([sys.stdin], [], [], 1.0)[0]:
+            if os.getppid() != parent:  # its server is gone (a child of it may hold stdin)
+                return 0
         path = sys.stdin.readline().strip()
         if not path:
             return 0
