@@ -79,11 +79,11 @@ def test_snapshot_deleted_while_a_restore_from_it_runs(server_factory, cached):
             assert Snapshot.get(snap.snapshot_id, **kw).state == "deleted"
             with pytest.raises(NotFoundError):
                 Sandbox.create(snapshot_id=snap.snapshot_id, **kw)
+            for sbx in restored:  # each holds a disk's room on the host until killed
+                sbx.kill()
+            restored.clear()
         # The delete landed during the restore at least once (restores take seconds here).
         assert any(kind == "Sandbox" for _, kind, _ in outcomes), outcomes
-        for sbx in restored:
-            sbx.kill()
-        restored.clear()
         # Every deleted snapshot's hot files went once nothing needed them.
         hot = srv.shm_root / "hot"
         kept = {i.snapshot_id for i in Snapshot.list(**kw)}
