@@ -4,11 +4,7 @@ ready time), ten of them, and a restore on a server whose cache is empty, from S
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
-
-import httpx
 
 from _pause import start_holder
 from _server import BenchServer
@@ -69,20 +65,6 @@ def step_incremental(ctx: Ctx) -> None:
             snap.remove()
 
 
-def _s3_server(root: Path, name: str, s3: S3Server) -> BenchServer:
-    server = BenchServer.in_dir(root / name, f"b{os.getpid()}{name}",
-                                extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env})
-    server.start(timeout=120)
-    # A new store gets every template of the shared images dir at start (one built from an OCI
-    # image: ~30 s of hashing and uploading here): measured beside it, a restore measures that.
-    deadline = time.monotonic() + 600
-    while not httpx.get(f"{server.url}/health", timeout=10).json().get("templates_stored"):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: the templates were not stored within 600 s")
-        time.sleep(0.5)
-    return server
-
-
 def step_store_restore(ctx: Ctx) -> None:
     """Server A (store in S3) snapshots a sandbox; for each run, a new server B with an empty
     data dir and cache restores it: the restore to first command fetches every chunk from S3.
@@ -93,7 +75,7 @@ def step_store_restore(ctx: Ctx) -> None:
     s3.start()
     servers: list[BenchServer] = []
     try:
-        a = _s3_server(root, "a", s3)
+        a = BenchServer.on_store(root, "a", s3)
         servers.append(a)
         sbx = Sandbox.create(template="base", timeout=SANDBOX_TIMEOUT, **a.client_kwargs())
         try:
@@ -104,7 +86,7 @@ def step_store_restore(ctx: Ctx) -> None:
         finally:
             kill_all([sbx])
         for i in range(plan.runs):
-            b = _s3_server(root, f"b{i}", s3)
+            b = BenchServer.on_store(root, f"b{i}", s3)
             servers.append(b)
             for series in ("restore_empty_cache_ms", "restore_warm_cache_ms"):
                 t0 = time.monotonic()

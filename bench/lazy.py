@@ -47,16 +47,8 @@ TENTH = "head -c 51M /dev/shm/tenth > /dev/null"  # a tenth of 512 MiB, read in 
 
 
 def _server(root: Path, name: str, s3: S3Server, **env: str) -> BenchServer:
-    server = BenchServer.in_dir(root / name, f"z{os.getpid() % 10000}{name}",
-                                extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env,
-                                           "SANDLOT_POOL_SIZE": "0", **env})
-    server.start(timeout=120)
-    deadline = time.monotonic() + 600
-    while not httpx.get(f"{server.url}/health", timeout=10).json().get("templates_stored"):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: the templates were not stored within 600 s")
-        time.sleep(0.5)
-    return server
+    return BenchServer.on_store(root, name, s3, f"z{os.getpid() % 10000}{name}",
+                                SANDLOT_POOL_SIZE="0", **env)
 
 
 def _stats(server: BenchServer, key: str) -> dict:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import ipaddress
 import random
 import re
 import secrets
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -78,6 +80,17 @@ def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
             f.seek(offset)
             f.write(chunk)
     return path
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    """A gzipped tar of `files` (name: contents), names as given (even ones that escape)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def rand(n: int, seed: int) -> bytes:

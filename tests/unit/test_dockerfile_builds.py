@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
-import tarfile
 
 import httpx
 import pytest
 
+from harness import tar_gz
 from sandlot.errors import InvalidArgumentError
 from sandlot.images import dockersteps
 from sandlot.images.steps import Step
@@ -72,13 +71,7 @@ def test_copy_needs_a_context() -> None:
 
 
 def _tar(files: dict[str, bytes]) -> str:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return base64.b64encode(buf.getvalue()).decode()
+    return base64.b64encode(tar_gz(files)).decode()
 
 
 async def test_rest_builds_answer_4xx(tmp_path) -> None:

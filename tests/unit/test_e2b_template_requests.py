@@ -3,12 +3,10 @@ E2B's 4xx (the builds themselves: tests/e2b/test_e2b_templates.py)."""
 
 from __future__ import annotations
 
-import io
-import tarfile
-
 import httpx
 import pytest
 
+from harness import tar_gz
 from sandlot.core.models import TemplateInfo
 from sandlot.errors import InvalidArgumentError
 from sandlot.images import steps
@@ -34,16 +32,6 @@ def test_bad_steps_are_refused_by_number(step, words) -> None:
     with pytest.raises(InvalidArgumentError) as ei:
         steps.parse_steps([{"type": "USER", "args": ["root"]}, step])
     assert "step 2" in ei.value.message and words in ei.value.message
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.fixture
@@ -108,15 +96,15 @@ async def test_uploads_are_a_tenants_own(api) -> None:
     assert link["present"] is False and "/e2b/template-uploads/" in link["url"]
     path = link["url"].split(srv.url, 1)[1]
     assert (await client.put(path, content=b"not a tar")).status_code == 400
-    assert (await client.put(path + "x", content=_tar({"a": b"1"}))).status_code == 404
-    r = await client.put(path, content=_tar({"app/main.py": b"print(1)"}))
+    assert (await client.put(path + "x", content=tar_gz({"a": b"1"}))).status_code == 404
+    r = await client.put(path, content=tar_gz({"app/main.py": b"print(1)"}))
     assert r.status_code == 200
-    assert (await client.put(path, content=_tar({"a": b"1"}))).status_code == 404  # once
+    assert (await client.put(path, content=tar_gz({"a": b"1"}))).status_code == 404  # once
     assert (await call("GET", f"/templates/t/files/{HASH}")).json()["present"] is True
     assert (await call("GET", f"/templates/t/files/{HASH}", who="b")).json()["present"] \
         is False
     link = (await call("GET", f"/templates/t/files/{'b' * 64}")).json()
-    evil = _tar({"../../escape": b"x"})
+    evil = tar_gz({"../../escape": b"x"})
     r = await client.put(link["url"].split(srv.url, 1)[1], content=evil)
     assert r.status_code == 400
 
@@ -187,14 +175,14 @@ async def test_uploads_are_bounded_unpacked_and_per_tenant(tmp_path) -> None:
         async def put(files_hash: str, files: dict[str, bytes]) -> httpx.Response:
             link = (await client.get(f"/e2b/templates/t/files/{files_hash}",
                                      headers=headers)).json()
-            return await client.put(link["url"].split(srv.url, 1)[1], content=_tar(files))
+            return await client.put(link["url"].split(srv.url, 1)[1], content=tar_gz(files))
 
         async def present(files_hash: str) -> bool:
             return (await client.get(f"/e2b/templates/t/files/{files_hash}",
                                      headers=headers)).json()["present"]
 
         bomb = await put("c" * 64, {"zeros": bytes(3 << 20)})
-        assert len(_tar({"zeros": bytes(3 << 20)})) < 1 << 20
+        assert len(tar_gz({"zeros": bytes(3 << 20)})) < 1 << 20
         assert bomb.status_code == 413 and "unpacked" in bomb.json()["message"]
         assert not await present("c" * 64)
         assert (await put("a" * 64, {"f": b"1" * 3000})).status_code == 200

@@ -106,7 +106,8 @@ def test_a_missing_chunk_is_not_retried(tmp_path, loop) -> None:
 def test_the_prefetch_takes_the_order_first_and_completes(tmp_path, loop) -> None:
     objects, data, manifest, files = _image(tmp_path, loop)
     order = [("ram", 70), ("ram", 3), ("ram", 999), ("other", 1), ("ram", 3)]
-    asyncio.run_coroutine_threadsafe(files.prefetch(order, parallel=1), loop).result()
+    asyncio.run_coroutine_threadsafe(files.prefetch([*order, *files.everything()], parallel=1),
+                                     loop).result()
     first = [chunk_key(manifest.files["ram"].chunks[i]) for i in (70, 3)]
     assert objects.gets[:2] == first
     assert files.missing == 0 and files.complete.is_set()

@@ -162,9 +162,15 @@ def _read_hash(src: Data, indices: np.ndarray, chunk: int, memo: DigestMemo | No
     return [(i, digest(data)) for i, data in _chunks(src, indices, chunk)]
 
 
+def compressor(level: int = LEVEL) -> zstandard.ZstdCompressor:
+    """What packs chunks (one per thread: a compressor is not thread-safe); `unpack_chunk`
+    undoes it."""
+    return zstandard.ZstdCompressor(level=level)
+
+
 def _read_compress(src: Data, indices: list[int], chunk: int, level: int) -> list[bytes]:
-    compressor = zstandard.ZstdCompressor(level=level)
-    return [compressor.compress(data) for _, data in _chunks(src, indices, chunk)]
+    pack = compressor(level)
+    return [pack.compress(data) for _, data in _chunks(src, indices, chunk)]
 
 
 class ChunkStore:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.errors import NotFoundError, SandlotError, StorageError
-from sandlot.storage.chunks import blake3_hex, chunk_key, unpack_chunk
+from sandlot.storage.chunks import blake3_hex, chunk_key, compressor, unpack_chunk
 from sandlot.storage.manifest import FileManifest
 from sandlot.storage.objects import ObjectStore
 
@@ -338,9 +338,7 @@ class LazyFiles:
     def pack(self, limit: int = PACK_CHUNKS) -> tuple[Order, bytes]:
         """(In a thread.) The order read so far and its pack: its first `limit` chunks that
         are local, compressed, one after the other."""
-        import zstandard
-
-        compress = zstandard.ZstdCompressor(level=1)
+        compress = compressor()
         chunks, offsets, b3s, parts, at = [], [], [], [], 0
         for name, index in list(self.touched):
             f = self._files[name]
@@ -357,32 +355,31 @@ class LazyFiles:
         blake3 = b3s if all(b is not None for b in b3s) else None
         return Order(chunks, offsets, blake3), b"".join(parts)
 
-    def _queue(self, order: Iterable[tuple[str, int]], first_only: bool = False,
-               order_only: bool = False) -> Iterator[tuple[str, int]]:
+    def first(self) -> list[tuple[str, int]]:
+        """The chunks of `FIRST`'s files, which every restore reads whole first."""
+        return [(n, i) for n in FIRST if n in self._files
+                for i in sorted(self._files[n].manifest.chunks)]
+
+    def everything(self) -> Iterator[tuple[str, int]]:
+        """Every chunk of the image, file by file."""
+        for name, f in self._files.items():
+            for index in sorted(f.manifest.chunks):
+                yield name, index
+
+    def _valid(self, chunks: Iterable[tuple[str, int]]) -> Iterator[tuple[str, int]]:
+        """`chunks` that name a chunk of the image, each once."""
         seen: set[tuple[str, int]] = set()
-        first = [(n, i) for n in FIRST if n in self._files
-                 for i in sorted(self._files[n].manifest.chunks)]
-        if first_only:
-            yield from first
-            return
-        for name, index in [*first, *order]:
+        for name, index in chunks:
             f = self._files.get(name)
             if f is not None and 0 <= index < f.count() and (name, index) not in seen:
                 seen.add((name, index))
                 yield name, index
-        if order_only:
-            return
-        for name, f in self._files.items():
-            for index in sorted(f.manifest.chunks):
-                if (name, index) not in seen:
-                    yield name, index
 
-    async def prefetch(self, order: Iterable[tuple[str, int]] = (),
-                       parallel: int = PREFETCH, first_only: bool = False,
-                       order_only: bool = False) -> None:
-        """Fetch every missing chunk: `FIRST`'s, then `order`'s, then the rest (`first_only`:
-        `FIRST`'s alone; `order_only`: `FIRST`'s and `order`'s); stops at the first failure."""
-        queue = self._queue(order, first_only, order_only)
+    async def prefetch(self, chunks: Iterable[tuple[str, int]], parallel: int = PREFETCH
+                       ) -> None:
+        """Fetch those of `chunks` that are missing, in their order, `parallel` at once
+        (chunks the image does not have are skipped); stops at the first failure."""
+        queue = self._valid(chunks)
 
         async def worker() -> None:
             for name, index in queue:

@@ -49,6 +49,14 @@ QUIET, QUIET_AT_MOST = 3.0, 30.0
 log = logging.getLogger("sandlot.lazyfs")
 
 
+def _record_failure(dir_: Path, reason: str) -> None:
+    """Why the image failed (`lazy.failed`), the first reason only: the server reads it as
+    the error of a sandbox whose VM died of it, so it is there before a VM can die."""
+    with contextlib.suppress(OSError):
+        if not (dir_ / FAILED).exists():
+            (dir_ / FAILED).write_text(reason)
+
+
 def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: Path):
     import mfusepy
 
@@ -91,9 +99,7 @@ def _operations(files: LazyFiles, names: dict[str, str], gid: int | None, dir_: 
                 return files.read(name, offset, size)
             except SandlotError as e:
                 log.error("%s", e)
-                with contextlib.suppress(OSError):  # there before the VM dies of it
-                    if not (dir_ / FAILED).exists():
-                        (dir_ / FAILED).write_text(str(e))
+                _record_failure(dir_, str(e))
                 raise mfusepy.FuseOSError(errno.EIO) from None
 
         def write(self, path: str, data, offset: int, fh) -> int:
@@ -158,7 +164,7 @@ def serve(config: dict) -> None:
 
     async def fill() -> None:
         parallel = int(config.get("prefetch", 8))  # 0: only what is read is fetched
-        first = asyncio.ensure_future(files.prefetch(first_only=True) if parallel
+        first = asyncio.ensure_future(files.prefetch(files.first()) if parallel
                                       else asyncio.sleep(0))  # while the mount comes up
         order = await _fetch_order(objects, key)
         orders.append(order)
@@ -170,9 +176,9 @@ def serve(config: dict) -> None:
                 log.info("%s: first files and pack in (%d chunks)", key, files.fetched_chunks)
                 # the order's chunks the pack did not bring, at full speed; then the rest
                 # slower, leaving the CPU to the VMs that run meanwhile
-                await files.prefetch(order.chunks, parallel, order_only=True)
+                await files.prefetch(order.chunks, parallel)
                 await files.quiet(QUIET, QUIET_AT_MOST)
-            await files.prefetch((), max(1, parallel // 4))
+            await files.prefetch(files.everything(), max(1, parallel // 4))
         await files.complete.wait()
         (dir_ / COMPLETE).write_text(json.dumps({"fetched_bytes": files.fetched_bytes}))
         log.info("%s: every chunk local (%.1f MiB fetched)", key, files.fetched_bytes / 2**20)
@@ -189,8 +195,8 @@ def serve(config: dict) -> None:
         while True:
             stats = files.stats()
             if stats != last:
-                if files.failed is not None and not (dir_ / FAILED).exists():
-                    (dir_ / FAILED).write_text(files.failed)  # before a VM dies of it
+                if files.failed is not None:  # a prefetch's failure
+                    _record_failure(dir_, files.failed)
                 tmp = dir_ / (STATS + ".tmp")
                 tmp.write_text(json.dumps(stats))
                 tmp.replace(dir_ / STATS)
@@ -209,8 +215,8 @@ def serve(config: dict) -> None:
         if orders and orders[0] is None and not saved.is_set():
             with contextlib.suppress(Exception):
                 run(_save_order(objects, key, files), 10)
-        if files.failed is not None and not (dir_ / FAILED).exists():
-            (dir_ / FAILED).write_text(files.failed)
+        if files.failed is not None:
+            _record_failure(dir_, files.failed)
         files.close()
 
 
