@@ -268,8 +268,11 @@ async def test_placement_puts_an_image_first_where_its_cpu_can_be_given(tmp_path
 
         async def hosts(self) -> list[HostRow]:
             return [HostRow(h, f"http://{h}", "active", {
-                "slots": 4, "memory_free_mb": 4096,
+                "slots": 4, "memory_free_mb": 4096, **self.hosts_doc(h),
                 **_cpu_doc(("kvm", cpu) if cpu else None)}, 0.1) for h, cpu in cpus.items()]
+
+        def hosts_doc(self, host: str) -> dict:
+            return {}
 
     hosts = Hosts(Settings(data_dir=tmp_path), Db(), None, "h-old",  # type: ignore[arg-type]
                   running=lambda: 0)
@@ -280,3 +283,8 @@ async def test_placement_puts_an_image_first_where_its_cpu_can_be_given(tmp_path
     assert [h.id for h in await hosts.place(Need(memory_mb=512))][0] == "h-old"
     fs_only = replace(taken_on(skylake), memory=False)
     assert [h.id for h in await hosts.place(Need(memory_mb=512, machine=fs_only))][0] == "h-old"
+    # a host short of disk for the sandbox (as it last said) is tried after those with room
+    disk = {"h-old": 1024, "h-amd": 8192, "h-good": 8192, "h-unknown": 8192}
+    Db.hosts_doc = lambda self, h: {"disk_free_mb": disk[h]}
+    assert [h.id for h in await hosts.place(Need(memory_mb=512))][-1] == "h-old"
+    assert [h.id for h in await hosts.place(Need(memory_mb=512, disk_mb=512))][0] == "h-old"

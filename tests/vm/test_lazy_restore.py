@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import os
 import secrets
+import signal
 from collections import Counter
 
 import pytest
@@ -183,6 +184,30 @@ def test_a_corrupt_chunk_is_refused_and_never_cached(snap, s3own, tmp_path_facto
         for digest, data in good.items():
             asyncio.run(store.objects.put(chunk_key(digest), data))
         cleanup(c)
+
+
+def test_a_lazy_sandbox_and_its_mount_outlive_a_server_crash(snap, s3own, tmp_path_factory):
+    """The mount's process runs in a session of its own: a server killed and started again
+    finds the sandbox running, its pages never read before still come through the mount,
+    and the mount goes with the sandbox."""
+    snapshot, answer, sums, _ = snap
+    srv = _server(s3own, tmp_path_factory, "lr", SANDLOT_LAZY_PREFETCH="0")
+    try:
+        kw = srv.client_kwargs()
+        sbx = Sandbox.create(snapshot_id=snapshot.snapshot_id, timeout=900, **kw)
+        entry = hot_dir(srv.shm_root, snapshot.snapshot_id)
+        assert os.path.ismount(entry / "lazy")
+        srv.stop(signal.SIGKILL)
+        assert os.path.ismount(entry / "lazy")
+        srv.start()
+        again = Sandbox.connect(sbx.sandbox_id, **kw)
+        assert {p: _md5(again, p) for p in sums} == sums
+        assert ask(again).memory == answer.memory
+        assert not (entry / ".ok").exists()  # still served by the mount
+        again.kill()
+        wait_for(lambda: not os.path.ismount(entry / "lazy"), 30, what="the mount to go")
+    finally:
+        cleanup(srv)
 
 
 def test_with_the_store_stopped_a_sandbox_that_needs_pages_fails_and_others_answer(

@@ -66,6 +66,7 @@ class Need:
 
     memory_mb: int
     image_key: str | None = None  # a snapshot id or tpl-<build>: preferred where cached
+    disk_mb: int = 0  # its disk (0: the deployment's SANDLOT_DISK_QUOTA_MB)
     count: int = 1
     machine: MachineDescription | None = None  # its image's: hosts that can run it first
 
@@ -216,10 +217,13 @@ class Hosts:
             raise CapacityError(f"no host can take a {need.memory_mb} MiB sandbox: "
                                 + ("; ".join(why) or "no host is active"))
 
+        disk_mb = need.disk_mb or self.settings.disk_quota_mb
+
         def rank(h: HostInfo) -> tuple:
             cached = need.image_key is not None and need.image_key in self._cached.get(h.id, ())
-            return (not self._runs(h.id, need.machine), not cached, h.id != self.id,
-                    -h.free_slots, -h.memory_free_mb)
+            # A host short of disk for it (as of its last heartbeat) would refuse: tried last.
+            return (not self._runs(h.id, need.machine), h.disk_free_mb < disk_mb, not cached,
+                    h.id != self.id, -h.free_slots, -h.memory_free_mb)
 
         return sorted(fits, key=rank)
 

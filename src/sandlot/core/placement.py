@@ -123,7 +123,8 @@ class Placement:
             hosts = [HostInfo(id=self.hosts.id, url="", state=HostState.ACTIVE)]
         else:
             need = Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
-                        image_key=source.snapshot_id, machine=source.image.machine)
+                        image_key=source.snapshot_id, machine=source.image.machine,
+                        disk_mb=req.disk_mb or 0)
             try:
                 hosts = await self.hosts.place(need)
             except CapacityError as e:
@@ -172,9 +173,10 @@ class Placement:
         try:
             source = await self.sandboxes.resolve_source(req, who)
         except SandlotError:
-            return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB)
+            return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB, disk_mb=req.disk_mb or 0)
         return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
-                    image_key=source.image.key, machine=source.image.machine)
+                    image_key=source.image.key, machine=source.image.machine,
+                    disk_mb=req.disk_mb or 0)
 
     async def _machine_of(self, snapshot_id: str, who: Principal) -> MachineDescription | None:
         """The machine a snapshot is of (None: not known, or not readable here)."""
