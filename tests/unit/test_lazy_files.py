@@ -143,3 +143,20 @@ def test_a_pack_brings_the_working_set_in_ranged_reads(tmp_path, loop) -> None:
     assert later.read("ram", 4 * MiB + 5 * CHUNK, 100) == data[4 * MiB + 5 * CHUNK:][:100]
     assert later.read("ram", 0, 100) == data[:100]  # the corrupt one, fetched on its own
     assert len(objects.gets) == 1
+
+
+def test_a_spare_mount_process_ends_when_its_server_is_gone() -> None:
+    """A spare waits for a mount to serve; its server killed (even before the spare could
+    look at it, and with something else holding its stdin open) ends it."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a server that is gone
+    spare = subprocess.Popen([sys.executable, "-m", "sandlot.storage.lazyfs", "--wait",
+                              str(gone.pid)], stdin=subprocess.PIPE)
+    try:
+        assert spare.wait(30) == 0  # stdin still open here: it went on its own
+    finally:
+        spare.kill()
+        spare.stdin.close()

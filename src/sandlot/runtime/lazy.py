@@ -150,7 +150,8 @@ class LazyImages:
 
 
 def _spawn() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sandlot.storage.lazyfs", "--wait"],
+    return subprocess.Popen([sys.executable, "-m", "sandlot.storage.lazyfs", "--wait",
+                             str(os.getpid())],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
                             env=os.environ.copy())

@@ -7,9 +7,9 @@ cache that every VM of the image on this host shares. The process runs in a sess
 own, so a server restart does not take it (and the VMs it serves) down; it ends when its
 mount is unmounted (`runtime/lazy.py` does that when the last VM that maps it is gone).
 
-Run as ``python -m sandlot.storage.lazyfs CONFIG``, or with ``--wait`` to start ahead and read
-CONFIG's path from stdin when it is needed (its imports take ~0.5 s; EOF: exit), where CONFIG
-is a JSON file::
+Run as ``python -m sandlot.storage.lazyfs CONFIG``, or with ``--wait SERVER_PID`` to start
+ahead and read CONFIG's path from stdin when it is needed (its imports take ~0.5 s; EOF, or its
+server gone: exit), where CONFIG is a JSON file::
 
     {"store": URL, "key": KEY, "dir": DIR, "mount": MOUNT, "files": {NAME: FILENAME},
      "prefetch": 8, "gid": GID}
@@ -225,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--wait":
         import mfusepy  # noqa: F401 - imported ahead, while nothing waits for it
 
-        parent = os.getppid()
+        # Its server's pid is given: a server killed while this one started (before it could
+        # ask for its parent) is gone all the same; a child of it may hold stdin open.
+        parent = int(argv[1]) if len(argv) > 1 else os.getppid()
         while not select.select([sys.stdin], [], [], 1.0)[0]:
-            if os.getppid() != parent:  # its server is gone (a child of it may hold stdin)
+            if os.getppid() != parent:
                 return 0
         path = sys.stdin.readline().strip()
         if not path:
