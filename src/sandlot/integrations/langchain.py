@@ -68,6 +68,12 @@ class SandlotBackend(BaseSandbox):
     Commands run with ``/bin/sh -c`` as `user` (None: the template's user, root for the base
     template; the base template also has an unprivileged ``user``) in `workdir` (None: the
     user's home). `timeout` is the default of commands run without one.
+
+    File operations keep deepagents 0.7's contract as `BaseSandbox` implements it, which its
+    tools rely on: `glob` answers absolute paths of regular files (the glob tool shows them to
+    the model and permission rules match absolute paths), `write` replaces an existing file
+    (write_file). langchain-tests 1.1.9 still asserts deepagents 0.6's relative paths, listed
+    directories and refused overwrite; the tests xfail those seven (docs/integrations.md).
     """
 
     def __init__(self, sandbox: Sandbox, *, user: str | None = None, workdir: str | None = None,
