@@ -184,3 +184,42 @@ async def test_a_digest_memo_gives_the_digests_sha256_would(tmp_path) -> None:
     again = DigestMemo(first.seen)
     assert await store.chunks.hash_file(path, memo=again) == await store.chunks.hash_file(path)
     assert again.reused == len(plain.chunks) - 1
+
+
+_MAPPER = """
+import mmap, sys
+path, out = sys.argv[1], sys.argv[2]
+with open(path, "r+b") as f:  # as QEMU maps a RAM file with share=off: private, writable
+    m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+print("mapped", flush=True)
+sys.stdin.readline()
+with open(out, "wb") as f:
+    f.write(m[:])
+"""
+
+
+def test_a_delta_written_into_a_process_mapping_its_base_is_its_image(slotted, tmp_path
+                                                                        ) -> None:
+    """A restore from a snapshot whose RAM file is still being written (runtime/unwritten.py):
+    the captured pages written into another process's private mapping of the base file make
+    that mapping the written file, and leave the base file as it was."""
+    import subprocess
+    import sys
+
+    base = sparse_file(tmp_path / "base", SIZE, {0: rand(MiB, 1), 4 * MiB: rand(3 * MiB, 2)})
+    before = base.read_bytes()
+    delta = delta_over(base, changed_pages(), 11, slotted)
+    memory.write_image(delta, tmp_path / "written")
+    proc = subprocess.Popen([sys.executable, "-c", _MAPPER, str(base), str(tmp_path / "seen")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "mapped"
+        region = memory.regions(proc.pid, (base, SIZE), None)[0]
+        memory.write_delta(proc.pid, region, delta)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    assert (tmp_path / "seen").read_bytes() == (tmp_path / "written").read_bytes()
+    assert base.read_bytes() == before

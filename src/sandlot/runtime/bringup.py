@@ -35,6 +35,7 @@ from sandlot.runtime.base import Image, MachinePlan, Vm
 from sandlot.runtime.cache import Lease
 from sandlot.runtime.host import Part, QemuHost, describe
 from sandlot.runtime.qemu_vm import QemuVm
+from sandlot.runtime.unwritten import UnwrittenRam
 from sandlot.vmm import hotplug
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.disk import DiskChain, backing_file, virtual_size
@@ -133,7 +134,9 @@ class BringUp(Part):
                                         identity=self.store.identity(image), mount=mount)
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
-                      boot: bool = False) -> Vm:
+                      boot: bool = False, unwritten: UnwrittenRam | None = None) -> Vm:
+        """`unwritten`: the image is a capture whose RAM files are still being written (taken
+        by the caller): the VM starts from the files it was taken over and its pages."""
         self._check(image, plan, boot)
         if boot or not image.machine.memory:
             return await self._boot(image, plan, vm_id)
@@ -150,8 +153,12 @@ class BringUp(Part):
         finishing: asyncio.Future | None = None  # the network's addresses and rules
         try:
             async with self._restore_slots:
-                lease = await self._hot(image)
-                hot = lease.files()
+                if unwritten is not None:
+                    lease = self.cache.hold(image.key)
+                    hot = {**self.cache.paths(image.key, dimm=False), **unwritten.files}
+                else:
+                    lease = await self._hot(image)
+                    hot = lease.files()
                 run_dir.mkdir(parents=True, exist_ok=True)
                 jail = self.jails.make(
                     vm_id, Limits.for_vm(plan.memory_mb, plan.cpus),
@@ -193,7 +200,12 @@ class BringUp(Part):
                                       cpus=plan.cpus if plan.cpus != image.machine.cpus else None,
                                       clock=False)  # sync_clock sets it once the VM runs
                 for attempt in (1, 2):
-                    machine = await vmm_snapshot.restore(spec, hot["devstate"])
+                    if unwritten is None:
+                        machine = await vmm_snapshot.restore(spec, hot["devstate"])
+                    else:  # the captured pages in memory before the devices load
+                        machine = await vmm_snapshot.launch_incoming(spec)
+                        await unwritten.write_into(machine.pid)
+                        await vmm_snapshot.load_devices(machine, hot["devstate"])
                     await hotplug.apply(machine, extra_mb)
                     running = asyncio.Event()
                     connecting = asyncio.create_task(AgentClient.connect(

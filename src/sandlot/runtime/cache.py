@@ -156,6 +156,9 @@ class HotCache:
                     if self.holders(key):
                         raise StorageError(lazy.failed() or f"image {key}: its lazy mount "
                                            "is gone")
+            if not self.ready(key) and not stale and self.holders(key):
+                raise StorageError(f"image {key} in this host's cache is incomplete and "
+                                   "running sandboxes use it; kill them to fetch it again")
             if stale or not self.ready(key) or (dimm and "dimm" not in self.paths(key)):
                 self.remove(key)
                 self._write_entry(key, persistent=True, identity=identity, memory=memory)
@@ -172,6 +175,23 @@ class HotCache:
                 self.evict()
                 return lease
             return self._hold(key)
+
+    def share(self, key: str) -> None:
+        """Open the entry to confined VMs before it is ready (`mark_ready` does it then)."""
+        if self._share is not None:
+            self._share(self.dir(key))
+
+    def hold(self, key: str) -> Lease:
+        """A lease on an entry that is there, ready or not (a restore that needs only the
+        files it has)."""
+        return self._hold(key)
+
+    def forget(self, key: str) -> None:
+        """An entry whose RAM files could not be made while VMs use its other files: the
+        RAM files go now, the entry with its last lease."""
+        for name in ("ram", "dimm"):
+            (self.dir(key) / FILES[name]).unlink(missing_ok=True)
+        self._write_entry(key, persistent=False)
 
     def create(self, key: str, persistent: bool, memory: bool = True) -> Lease:
         """A lease on a new, empty entry for a capture to fill (`mark_ready` when done)."""
@@ -201,8 +221,7 @@ class HotCache:
         return self._hold(key, self._mounts.get(key) if not self.ready(key) else None)
 
     def mark_ready(self, key: str) -> None:
-        if self._share is not None:
-            self._share(self.dir(key))
+        self.share(key)
         (self.dir(key) / _OK).touch()
 
     def _release(self, lease: Lease) -> None:

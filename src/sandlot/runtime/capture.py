@@ -26,6 +26,7 @@ from sandlot.runtime.cache import Lease
 from sandlot.runtime.host import Part, QemuHost, describe
 from sandlot.runtime.images import IMAGE_FILES
 from sandlot.runtime.qemu_vm import QemuVm
+from sandlot.runtime.unwritten import UnwrittenRam
 from sandlot.vmm import memory
 from sandlot.vmm import snapshot as vmm_snapshot
 from sandlot.vmm.memory import PAGE
@@ -80,10 +81,16 @@ class Capturer(Part):
         self._bringup = bringup
         self._kill = kill
         self._captures: dict[str, _Capture] = {}
+        self._unwritten: dict[str, UnwrittenRam] = {}  # stored, RAM files being written
 
     def held(self, key: str) -> _Capture:
         """What a capture not yet released holds (KeyError if none)."""
         return self._captures[key]
+
+    def unwritten(self, key: str) -> UnwrittenRam | None:
+        """A stored capture whose RAM files are being written: a restore from it need not
+        wait for them (runtime/unwritten.py); `take` it at once."""
+        return self._unwritten.get(key)
 
     async def capture(self, vm: Vm, key: str, *, persistent: bool = True,
                       memory: bool = True, sync: bool = False) -> Captured:
@@ -241,24 +248,38 @@ class Capturer(Part):
         assert held.pending is not None and held.filled is not None
         pending, filled = held.pending, held.filled
         started = time.monotonic()
+        unwritten = UnwrittenRam.link(self.cache.dir(key), {
+            name: patched.delta for name, patched in pending.files.items()})
+        if unwritten is not None:
+            self.cache.share(key)  # a restore from it maps its links
+            self._unwritten[key] = unwritten
 
         def done(future: asyncio.Future) -> None:
+            self._unwritten.pop(key, None)
             try:
                 error = future.exception() if not future.cancelled() else "cancelled"
                 if error is None:
                     self.cache.mark_ready(key)
-                    log.info("wrote the RAM files of %s in %.1f ms", key,
-                             (time.monotonic() - started) * 1000)
+                    log.info("wrote the RAM files of %s in %.1f ms%s", key,
+                             (time.monotonic() - started) * 1000,
+                             " (restores started meanwhile)" if unwritten is not None
+                             and unwritten.used else "")
                 else:
                     raise VmmError(str(error))
             except Exception as e:  # noqa: BLE001 - the store has the image: fetched if wanted
                 log.warning("writing the RAM files of %s failed (%s): a restore fetches them "
                             "from the store", key, e)
-                self.cache.remove(key)
+                if unwritten is not None and unwritten.used:  # VMs map its links
+                    self.cache.forget(key)
+                else:
+                    self.cache.remove(key)
             finally:
                 filled()
                 held.lease.release()
-                pending.close()
+                if unwritten is not None:
+                    unwritten.retire(pending.close)
+                else:
+                    pending.close()
 
         future = asyncio.get_running_loop().run_in_executor(None, pending.write)
         future.add_done_callback(done)

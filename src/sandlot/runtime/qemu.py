@@ -94,7 +94,15 @@ class QemuRuntime(Runtime):
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
                       boot: bool = False) -> Vm:
-        return await self.bringup.restore(image, plan, vm_id, boot=boot)
+        unwritten = None if boot else self.captures.unwritten(image.key)
+        if unwritten is None or not unwritten.take():  # at once: its pages stay until left
+            return await self.bringup.restore(image, plan, vm_id, boot=boot)
+        entry = self.cache.hold(image.key)  # and its entry, until the VM holds it
+        try:
+            return await self.bringup.restore(image, plan, vm_id, unwritten=unwritten)
+        finally:
+            entry.release()
+            unwritten.leave()
 
     # ---- capture --------------------------------------------------------------------------
 

@@ -36,9 +36,10 @@ _MAP_NORESERVE = 0x4000
 COPY_BUFFER = 8 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.process_vm_readv.restype = ctypes.c_ssize_t
-_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong,
-                                   ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+for _call in (_libc.process_vm_readv, _libc.process_vm_writev):
+    _call.restype = ctypes.c_ssize_t
+    _call.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
+                      ctypes.c_ulong, ctypes.c_ulong]
 
 
 @dataclass(frozen=True)
@@ -190,11 +191,12 @@ def read_pages(pid: int, regions_pages: list[tuple[Region, np.ndarray]], buffer:
 
 
 def copy_pages(pid: int, parts: list[tuple[Region, np.ndarray, np.ndarray]], address: int,
-               threads: int = 2) -> None:
+               threads: int = 2, *, into: bool = False) -> None:
     """Copy pages of process `pid` to local memory at `address`: for each (region, pages,
     slots), page `pages[i]` of the region to `address + slots[i] * PAGE`. In `threads`
     threads that each copy an equal share of the bytes (a run of pages is cut where a share
-    ends: one run often holds most of what changed)."""
+    ends: one run often holds most of what changed). `into`: the other way, from local
+    memory into the process (a copy-on-write mapping of it gets its own pages)."""
     local_parts, remote_parts, length_parts = [], [], []
     total = 0
     for region, pages, slots in parts:
@@ -215,17 +217,19 @@ def copy_pages(pid: int, parts: list[tuple[Region, np.ndarray, np.ndarray]], add
                      np.concatenate(length_parts).astype(np.int64),
                      threads if total > 256 else 1)
 
+    call, verb = ((_libc.process_vm_writev, "writing") if into
+                  else (_libc.process_vm_readv, "reading"))
+
     def copy(share: tuple[np.ndarray, np.ndarray]) -> None:
         local, remote = share
         for i in range(0, len(local), _IOV_MAX):
             lo, re = local[i:i + _IOV_MAX], remote[i:i + _IOV_MAX]
             want = int(lo[:, 1].sum())
-            got = _libc.process_vm_readv(pid, lo.ctypes.data, len(lo), re.ctypes.data,
-                                         len(re), 0)
+            got = call(pid, lo.ctypes.data, len(lo), re.ctypes.data, len(re), 0)
             if got != want:
                 err = ctypes.get_errno()
-                raise VmmError(f"reading guest RAM of QEMU {pid}: {got} of {want} bytes "
-                               f"({os.strerror(err) if got < 0 else 'short read'})")
+                raise VmmError(f"{verb} guest RAM of QEMU {pid}: {got} of {want} bytes "
+                               f"({os.strerror(err) if got < 0 else 'short copy'})")
 
     if len(shares) <= 1:
         for share in shares:
@@ -233,6 +237,19 @@ def copy_pages(pid: int, parts: list[tuple[Region, np.ndarray, np.ndarray]], add
     else:
         with concurrent.futures.ThreadPoolExecutor(len(shares)) as pool:
             list(pool.map(copy, shares))
+
+
+def write_delta(pid: int, region: Region, delta: Delta, threads: int = 2) -> None:
+    """Write `delta`'s pages into process `pid`'s `region` (another QEMU's mapping of the
+    file the delta was taken over): that process's memory becomes the delta's image."""
+    if not len(delta.pages):
+        return
+    pointer = ctypes.c_char.from_buffer(delta.data)
+    try:
+        address = ctypes.addressof(pointer)
+    finally:
+        del pointer
+    copy_pages(pid, [(region, delta.pages, delta.slot_of())], address, threads, into=True)
 
 
 def _shares(local: np.ndarray, remote: np.ndarray, lengths: np.ndarray, n: int

@@ -272,18 +272,30 @@ async def restore(spec: MachineSpec, devstate: Path, timeout: float = 60.0) -> M
 
     The machine is left paused: the caller finishes its setup and sends ``cont``.
     """
+    machine = await launch_incoming(spec)
+    await load_devices(machine, devstate, timeout)
+    return machine
+
+
+async def launch_incoming(spec: MachineSpec) -> Machine:
+    """The first half of `restore`: QEMU started over the RAM file, its memory mapped, its
+    devices not loaded yet (what is written into its memory now is there when they load)."""
     if spec.ram_path is None or spec.ram_share:
         raise VmmError("restore needs the image's RAM file mapped share=off")
-    machine = await Machine.launch(spec.with_(incoming=True))
+    return await Machine.launch(spec.with_(incoming=True))
+
+
+async def load_devices(machine: Machine, devstate: Path, timeout: float = 60.0) -> None:
+    """The second half of `restore`: the device state loaded (their queues are checked against
+    guest memory); the machine killed if it fails."""
     try:
-        sock = spec.run_dir / "incoming.sock"
+        sock = machine.spec.run_dir / "incoming.sock"
         await machine.execute("migrate-incoming", {"uri": f"unix:{sock}"})
         await _send_file(sock, devstate)
         await machine.wait_incoming(timeout)
     except BaseException:
         await machine.kill()
         raise
-    return machine
 
 
 async def _send_file(sock: Path, path: Path) -> None:
