@@ -1,15 +1,15 @@
 """A restore right after a snapshot is ready, while its RAM file is still being written (issue
-25, item 5), side by side in one run with the same restore once the file is written:
+25, item 5), side by side in one run with the way it went before and with a restore once the
+file is written:
 
     python bench/restore_unwritten.py [--runs 5] [--ballast-mib 128] [--json FILE]
 
-Per run, on one server (pool off): a sandbox holding `--ballast-mib` MiB of random data in a
-process (memory changed since its restore: what the snapshot's RAM file adds to its source's),
-a snapshot, `wait()`, and at once a restore to its first command (`true`): it starts from the
-source's RAM file and the captured pages (runtime/unwritten.py). Then, once the RAM file is
-written (the cache entry's `.ok`), another restore to its first command: the path every restore
-took before, less the wait. The server's log gives how long the file took to write (what a
-restore right after `ready` waited for before this change).
+Two servers (pool off), one with `SANDLOT_RESTORE_UNWRITTEN=off` (a restore waits for the
+file, as every one did before). On each, a sandbox holding `--ballast-mib` MiB of random data
+in a process (memory changed since its restore: what the snapshot's RAM file adds to its
+source's). Per run, on each server in turn: a snapshot, `wait()`, and at once a restore to its
+first command (`true`); then, once the RAM file is written (the cache entry's `.ok`), another
+restore to its first command. The server's log gives how long the file took to write.
 """
 
 from __future__ import annotations
@@ -58,6 +58,21 @@ def _ram_written(server: BenchServer, key: str) -> None:
         time.sleep(0.05)
 
 
+def _one_run(server: BenchServer, source: Sandbox) -> dict:
+    source.commands.run("true", check=True)
+    snap = source.create_snapshot().wait(timeout=600)
+    right_after, one = _first_command(server, snap.snapshot_id)
+    _ram_written(server, snap.snapshot_id)
+    written, two = _first_command(server, snap.snapshot_id)
+    wrote = _wrote(server, snap.snapshot_id)
+    for sbx in (one, two):
+        sbx.kill()
+    snap.remove()
+    return {"right_after_ready_ms": round(right_after), "after_the_file_ms": round(written),
+            "ram_file_ms": round(wrote[0]) if wrote else None,
+            "took_the_pages": bool(wrote and wrote[1])}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -65,48 +80,44 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sandlot-unwritten-bench-"))
-    server = BenchServer.in_dir(root / "s", f"u{time.monotonic_ns() % 10000}",
-                                extra_env={"SANDLOT_POOL_SIZE": "0"})
+    # on: the default; off: SANDLOT_RESTORE_UNWRITTEN=off, a restore waits for the file (before)
+    servers = {mode: BenchServer.in_dir(root / mode, f"u{time.monotonic_ns() % 10000}{mode}",
+                                        extra_env={"SANDLOT_POOL_SIZE": "0",
+                                                   "SANDLOT_RESTORE_UNWRITTEN": mode})
+               for mode in ("on", "off")}
     rows: list[dict] = []
     try:
-        server.start(timeout=120)
-        kw = server.client_kwargs()
-        source = Sandbox.create(timeout=TIMEOUT, **kw)
-        start_holder(source, args.ballast_mib)
+        sources = {}
+        for mode, server in servers.items():
+            server.start(timeout=120)
+            sources[mode] = Sandbox.create(timeout=TIMEOUT, **server.client_kwargs())
+            start_holder(sources[mode], args.ballast_mib)
         for run in range(args.runs):
-            source.commands.run("true", check=True)
-            snap = source.create_snapshot().wait(timeout=600)
-            right_after, one = _first_command(server, snap.snapshot_id)
-            _ram_written(server, snap.snapshot_id)
-            written, two = _first_command(server, snap.snapshot_id)
-            wrote = _wrote(server, snap.snapshot_id)
-            row = {"run": run, "right_after_ready_ms": round(right_after),
-                   "after_the_file_ms": round(written),
-                   "ram_file_ms": round(wrote[0]) if wrote else None,
-                   "restore_took_the_pages": bool(wrote and wrote[1])}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            for sbx in (one, two):
-                sbx.kill()
-            snap.remove()
-        source.kill()
+            for mode, server in servers.items():  # side by side, alternating
+                row = {"run": run, "mode": mode, **_one_run(server, sources[mode])}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        for source in sources.values():
+            source.kill()
     finally:
-        server.close()
+        for server in servers.values():
+            server.close()
         shutil.rmtree(root, ignore_errors=True)
 
-    def p50(key: str) -> float | None:
-        values = [r[key] for r in rows if r[key] is not None]
+    def p50(mode: str, key: str) -> float | None:
+        values = [r[key] for r in rows if r["mode"] == mode and r[key] is not None]
         return statistics.median(values) if values else None
 
-    summary = {"runs": len(rows), "ballast_mib": args.ballast_mib,
-               "right_after_ready_ms_p50": p50("right_after_ready_ms"),
-               "after_the_file_ms_p50": p50("after_the_file_ms"),
-               "ram_file_ms_p50": p50("ram_file_ms"),
-               "took_the_pages": sum(r["restore_took_the_pages"] for r in rows), "rows": rows}
-    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=2))
+    summary: dict = {"runs": args.runs, "ballast_mib": args.ballast_mib}
+    for mode in servers:
+        for key in ("right_after_ready_ms", "after_the_file_ms", "ram_file_ms"):
+            summary[f"{key}_p50_{mode}"] = p50(mode, key)
+        summary[f"took_the_pages_{mode}"] = sum(
+            r["took_the_pages"] for r in rows if r["mode"] == mode)
+    print(json.dumps(summary, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=2))
+        args.json.write_text(json.dumps({**summary, "rows": rows}, indent=2))
     return 0
 
 

@@ -179,6 +179,10 @@ class Settings:
     # fetches (SANDLOT_LAZY_PREFETCH; 0: only what is read)
     lazy_restore: bool = True
     lazy_prefetch: int = 8
+    # a restore while its snapshot's RAM file is being written starts from the pages the
+    # capture took (runtime/unwritten.py); SANDLOT_RESTORE_UNWRITTEN=off: it waits for the
+    # file, whose pages every VM restored from it shares
+    restore_unwritten: bool = True
 
     @functools.cached_property
     def accelerator(self) -> str:
@@ -233,7 +237,8 @@ class Settings:
                    console_dir=Path(os.environ["SANDLOT_CONSOLE_DIR"])
                    if os.environ.get("SANDLOT_CONSOLE_DIR") else None,
                    lazy_restore=not _off("SANDLOT_LAZY_RESTORE"),
-                   lazy_prefetch=_int_env("SANDLOT_LAZY_PREFETCH", 8))
+                   lazy_prefetch=_int_env("SANDLOT_LAZY_PREFETCH", 8),
+                   restore_unwritten=not _off("SANDLOT_RESTORE_UNWRITTEN"))
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -94,7 +94,8 @@ class QemuRuntime(Runtime):
 
     async def restore(self, image: Image, plan: MachinePlan, vm_id: str, *,
                       boot: bool = False) -> Vm:
-        unwritten = None if boot else self.captures.unwritten(image.key)
+        unwritten = (self.captures.unwritten(image.key)
+                     if self.settings.restore_unwritten and not boot else None)
         if unwritten is None or not unwritten.take():  # at once: its pages stay until left
             return await self.bringup.restore(image, plan, vm_id, boot=boot)
         entry = self.cache.hold(image.key)  # and its entry, until the VM holds it
