@@ -59,6 +59,11 @@ async def test_a_host_uses_the_template_another_host_rebuilt(tmp_path, postgres)
         with pytest.raises(NotFoundError):
             a.core.templates.get("env")  # forgotten on a too
         assert [t.name for t in await a.core.templates.listing()] == ["base"]
+        # the operator builds a template of that name on a host since: it is used there
+        operator = base.model_copy(update={"name": "env"})
+        (a.core.settings.images / "templates" / "env.json").write_text(
+            operator.model_dump_json())
+        assert (await a.core.templates.info("env")) == operator
 
 
 async def wait_status(http: httpx.AsyncClient, path: str) -> dict:

@@ -134,15 +134,17 @@ class TemplateStore:
             raise NotFoundError(f"template {name[:64]!r} not found")
         row = await self.db.get_template(name) if self.db is not None else None
         if row is not None:
+            try:
+                known: TemplateInfo | None = self.get(name)
+            except (NotFoundError, ValueError):
+                known = None
             if row.doc is None:  # deleted (on this host or another)
+                if known is not None and known.owner is None and not known.snapshot_id:
+                    return known  # the operator's, built here since (`sandlot template`)
                 with contextlib.suppress(FileNotFoundError):
                     (self.index / f"{name}.json").unlink()
                 raise NotFoundError(f"template {name!r} not found")
             info = TemplateInfo.model_validate(row.doc)
-            try:
-                known = self.get(name)
-            except (NotFoundError, ValueError):
-                known = None
             if known != info:
                 self._remember(info)
             return info
