@@ -48,10 +48,12 @@ def cleanup(server: Server) -> None:
 
 
 def start_cluster(s3, postgres, tmp_path_factory, slots: dict[str, int], label: str,
+                  host_env: dict[str, dict[str, str]] | None = None,
                   **env: str) -> dict[str, Server]:
     """The started hosts of one deployment, `slots`: host name -> its SANDLOT_MAX_SANDBOXES
     (host ids `host-<name>`): each with its own data dir and instance, all sharing a new
-    PostgreSQL database and S3 prefix (`label` names both), with no warm pool."""
+    PostgreSQL database and S3 prefix (`label` names both), with no warm pool; `host_env`:
+    a host's own variables."""
     database = postgres.new_database(label + secrets.token_hex(3))
     prefix = f"{label}-{secrets.token_hex(3)}"
     hosts = {}
@@ -60,7 +62,7 @@ def start_cluster(s3, postgres, tmp_path_factory, slots: dict[str, int], label: 
         srv.extra_env.update({
             "SANDLOT_DATABASE_URL": database, "SANDLOT_STORE": s3.url(prefix), **s3.env,
             "SANDLOT_HOST_ID": f"host-{name}", "SANDLOT_POOL_SIZE": "0",
-            "SANDLOT_MAX_SANDBOXES": str(count), **env})
+            "SANDLOT_MAX_SANDBOXES": str(count), **env, **(host_env or {}).get(name, {})})
         hosts[name] = srv
     try:
         for srv in hosts.values():

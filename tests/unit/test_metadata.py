@@ -88,6 +88,44 @@ async def test_a_silent_host_is_lost_with_its_running_sandboxes_once(store) -> N
     assert {h.host_id: h.state for h in await store.hosts()}["h-b"] == "active"
 
 
+async def test_templates_and_builds(store) -> None:
+    """Templates built through the API (a deleted one kept as deleted) and their builds with
+    their logs, as every host of a deployment reads them."""
+    assert await store.get_template("t") is None
+    await store.put_template("t", {"name": "t", "snapshot_id": "snap-1"})
+    await store.put_template("t", {"name": "t", "snapshot_id": "snap-2"})
+    await store.put_template("u", {"name": "u"})
+    assert (await store.get_template("t")).doc["snapshot_id"] == "snap-2"
+    await store.put_template("u", None)
+    row = await store.get_template("u")
+    assert row is not None and row.doc is None
+    assert [(r.name, r.doc is None) for r in await store.templates()] == [("t", False),
+                                                                          ("u", True)]
+    await store.put_build("b-1", "requested", "h-a", {"build_id": "b-1"}, 1.0)
+    await store.put_build("b-1", "building", "h-b", {"build_id": "b-1", "status": "building"},
+                          1.0)
+    await store.put_build("b-2", "ready", "h-a", {"build_id": "b-2"}, 2.0)
+    assert (await store.get_build("b-1"))["status"] == "building"
+    assert await store.get_build("nope") is None
+    assert [d["build_id"] for d in await store.builds(("building",), host="h-b")] == ["b-1"]
+    await store.add_build_logs("b-1", 0, [{"message": "one"}, {"message": "two"}])
+    await store.add_build_logs("b-1", 1, [{"message": "two again"}, {"message": "three"}])
+    assert [line["message"] for line in await store.build_logs("b-1", 1, 10)] == ["two",
+                                                                                 "three"]
+    assert await store.build_logs("b-1", 0, 1) == [{"message": "one"}]
+    await store.add_build_logs("b-2", 0, [{"message": "x"}])
+    assert await store.drop_builds(("ready", "error"), 3.0) == 1
+    assert await store.get_build("b-2") is None and await store.build_logs("b-2", 0, 9) == []
+    assert await store.get_build("b-1") is not None
+    # a lost host's unfinished builds fail
+    await store.heartbeat("h-b", "http://h-b", "active", {})
+    await asyncio.sleep(1.5)
+    assert await store.mark_lost(1.0, LOST_REASON) == ["h-b"]
+    failed = await store.get_build("b-1")
+    assert failed["status"] == "error" and "h-b stopped answering" in failed["reason"]
+    assert [d["build_id"] for d in await store.builds(("error",))] == ["b-1"]
+
+
 async def test_a_drained_host_stays_drained_through_its_heartbeats(store) -> None:
     await store.heartbeat("h-a", "http://h-a", "active", {})
     assert await store.set_host_state("h-a", "draining")

@@ -1452,6 +1452,8 @@ export interface components {
             snapshot_id?: string | null;
             /** Recipe */
             recipe?: string | null;
+            /** Build Id */
+            build_id?: string | null;
         };
         /** TemplateList */
         TemplateList: {

@@ -8,8 +8,9 @@ limits), E2B's `user` account made in it, the steps run in it through the guest 
 as commands, COPY as file writes of the uploads, ENV/WORKDIR/USER as the state the next step
 runs in), the start command started and the ready command awaited, then one snapshot: the
 template's sandboxes restore it. Cached whole by the pinned base image and the steps. Builds
-run one at a time on this host, bounded by the limits (`Limits.build_*`). Build records live
-in memory: a restart forgets the builds in progress (their templates stay once built).
+run one at a time on this host, bounded by the limits (`Limits.build_*`). Build records and
+their logs are kept in the metadata store, so every host of a deployment answers a build's
+status and a restart forgets no finished build (one that was running fails).
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sandlot.config import Settings
+from sandlot.core.background import stop_task
+from sandlot.core.db import MetadataStore
 from sandlot.core.models import (
     CreateSandbox,
     ExecRequest,
@@ -41,7 +44,7 @@ from sandlot.core.models import (
     TemplateInfo,
     now,
 )
-from sandlot.core.templates import IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
+from sandlot.core.templates import DEFAULT_TAG, IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
 from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
@@ -60,9 +63,10 @@ from sandlot.runtime.base import Exited, Output, Runtime
 
 log = logging.getLogger(__name__)
 MAX_LOG_LINES = 20000
-KEPT_BUILDS = 256  # finished builds remembered (their status and logs)
+KEPT_SECONDS = 7 * 86400  # a finished build's status and logs are kept a week
 MAX_UNSTARTED = 32  # builds a tenant requested and has not started
 UNSTARTED_TTL = 3600  # s: a requested build not started by then is forgotten
+SAVE_INTERVAL = 1.0  # s between saves of a running build's new log lines
 OUTPUT_TAIL = 60  # lines of a failed step's output in its error
 STEPS_VERSION = "1"  # bump when the steps run differently for the same input
 
@@ -86,6 +90,18 @@ class LogLine:
     level: str
     message: str
 
+    def to_doc(self) -> dict:
+        return {"at": self.at.isoformat(), "level": self.level, "message": self.message}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> LogLine:
+        return cls(datetime.fromisoformat(doc["at"]), doc["level"], doc["message"])
+
+
+# fields of a build kept in its record (the logs are kept line by line beside it)
+RECORD_FIELDS = ("build_id", "name", "owner", "cpus", "memory_mb", "tags", "status", "reason",
+                 "reason_step", "error", "started", "host")
+
 
 @dataclass
 class Build:
@@ -96,16 +112,34 @@ class Build:
     memory_mb: int
     tags: list[str]
     status: str = "waiting"  # waiting -> building -> ready | error
-    logs: list[LogLine] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)  # this host's builds only
     reason: str | None = None
     reason_step: str | None = None  # the failed step, 1-based (E2B's "step")
     error: str | None = None  # the class name of the error it failed with
     created_at: datetime = field(default_factory=now)
+    started: bool = False
+    host: str = ""  # the host that runs it (that requested it, until it starts)
+    saved_logs: int = 0  # log lines in the metadata store
     task: asyncio.Task | None = None
 
     def log(self, message: str, level: str = "info") -> None:
         if len(self.logs) < MAX_LOG_LINES:
             self.logs.append(LogLine(now(), level, message))
+
+    @property
+    def state(self) -> str:
+        """Its state in the metadata store: `requested` until it starts, then its status."""
+        return self.status if self.started else "requested"
+
+    def to_doc(self) -> dict:
+        return {**{f: getattr(self, f) for f in RECORD_FIELDS},
+                "created_at": self.created_at.isoformat(), "log_count": self.saved_logs}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Build:
+        return cls(**{f: doc[f] for f in RECORD_FIELDS if f in doc},
+                   created_at=datetime.fromisoformat(doc["created_at"]),
+                   saved_logs=int(doc.get("log_count") or 0))
 
 
 def template_name(name: str) -> tuple[str, str | None]:
@@ -122,36 +156,42 @@ def template_name(name: str) -> tuple[str, str | None]:
 
 
 class TemplateBuilds:
+    """Template builds: requested and read on any host (their records are in the metadata
+    store `db`), run on the host that starts them."""
+
     def __init__(self, settings: Settings, templates: TemplateStore,
-                 runtime: Runtime | None) -> None:
+                 runtime: Runtime | None, db: MetadataStore, host_id: str = "") -> None:
         self.settings = settings
         self.templates = templates
         self.runtime = runtime
+        self.db = db
+        self.host_id = host_id
         self.uploads_root = settings.images / "uploads"
-        self._builds: dict[str, Build] = {}
+        self._builds: dict[str, Build] = {}  # the builds this host runs, until they end
+        self._saving = asyncio.Lock()
         self._upload_tokens: dict[str, tuple[str, str, float]] = {}
         self._one_at_a_time = asyncio.Semaphore(1)
         self.core: Any = None  # the Core it builds for (start commands run in its sandboxes)
 
     # ---- names ------------------------------------------------------------------------
 
-    def _check_name_free(self, name: str, who: Principal) -> None:
+    async def _check_name_free(self, name: str, who: Principal) -> None:
         """A tenant may build a name it owns or that nobody has; not the operator's shared
         templates, nor another tenant's (PermissionDeniedError: E2B's 403)."""
         try:
-            info = self.templates.get(name)
+            info: TemplateInfo | None = await self.templates.current(name)
         except NotFoundError:
             info = None
         if info is not None and not who.admin and info.owner != who.tenant:
             raise PermissionDeniedError(f"template {name!r} exists and is not yours")
-        for b in self._builds.values():
-            if b.name == name and b.status in ("waiting", "building") and b.owner != who.tenant:
+        for b in await self.db.builds(("waiting", "building")):
+            if b["name"] == name and b["owner"] != who.tenant:
                 raise PermissionDeniedError(f"template {name!r} is being built by another "
                                             "team")
 
-    def request(self, name: str, tags: list[str] | None, cpus: int | None,
-                memory_mb: int | None, min_free_disk_mb: int | None,
-                who: Principal) -> Build:
+    async def request(self, name: str, tags: list[str] | None, cpus: int | None,
+                      memory_mb: int | None, min_free_disk_mb: int | None,
+                      who: Principal) -> Build:
         """A new build of template `name` (E2B's ``name[:tag]``), waiting for its steps."""
         base, tag = template_name(name)
         lim = self.settings.limits
@@ -163,48 +203,92 @@ class TemplateBuilds:
             raise InvalidArgumentError(f"memoryMB must be 128 to {lim.build_memory_mb}")
         if min_free_disk_mb is not None and not 0 <= min_free_disk_mb <= lim.build_disk_mb:
             raise InvalidArgumentError(f"minFreeDiskMb must be 0 to {lim.build_disk_mb}")
-        tags = [t for t in [tag, *(tags or [])] if t]
+        # `name` is `name:default` (E2B): a build of it moves the default tag too
+        tags = list(dict.fromkeys(t for t in [tag or DEFAULT_TAG, *(tags or [])] if t))
         for t in tags:
             if not NAME_RE.fullmatch(t):
                 raise InvalidArgumentError(f"invalid tag {t[:64]!r}")
-        self._check_name_free(base, who)
-        running = [b for b in self._builds.values()
-                   if b.owner == who.tenant and b.status in ("waiting", "building")
-                   and b.task is not None]
+        await self._check_name_free(base, who)
+        running = [b for b in await self.db.builds(("waiting", "building"))
+                   if b["owner"] == who.tenant]
         if lim.key_builds and len(running) >= lim.key_builds:
             raise ConflictError(f"{len(running)} builds of yours are running; at most "
                                 f"{lim.key_builds} at once")
-        self._forget_old()
-        if sum(1 for b in self._builds.values()
-               if b.owner == who.tenant and b.task is None) >= MAX_UNSTARTED:
+        await self._forget_old()
+        if sum(1 for b in await self.db.builds(("requested",))
+               if b["owner"] == who.tenant) >= MAX_UNSTARTED:
             raise ConflictError(f"{MAX_UNSTARTED} builds of yours were requested and not "
                                 "started; start them or wait an hour")
         build = Build(build_id=str(uuid.uuid4()), name=base, owner=who.tenant, cpus=cpus,
-                      memory_mb=memory_mb, tags=tags or ["default"])
-        self._builds[build.build_id] = build
+                      memory_mb=memory_mb, tags=tags, host=self.host_id)
+        await self._save(build)
         return build
 
-    def _forget_old(self) -> None:
-        """Finished builds past the last KEPT_BUILDS, and builds never started within
+    async def _forget_old(self) -> None:
+        """Finished builds older than KEPT_SECONDS, and builds never started within
         UNSTARTED_TTL seconds."""
-        done = [b for b in self._builds.values() if b.status in ("ready", "error")]
-        for b in done[:max(0, len(done) - KEPT_BUILDS)]:
-            self._builds.pop(b.build_id, None)
-        stale = now() - timedelta(seconds=UNSTARTED_TTL)
-        for b in [b for b in self._builds.values() if b.task is None and b.created_at < stale]:
-            self._builds.pop(b.build_id, None)
+        await self.db.drop_builds(("requested",), time.time() - UNSTARTED_TTL)
+        await self.db.drop_builds(("ready", "error"), time.time() - KEPT_SECONDS)
 
-    def get(self, name: str, build_id: str, who: Principal) -> Build:
+    async def recover(self) -> None:
+        """At start: the builds this host ran when it stopped failed with it."""
+        for doc in await self.db.builds(("waiting", "building"), host=self.host_id):
+            build = Build.from_doc(doc)
+            build.status, build.error = "error", "BuildError"
+            build.reason = "the server restarted during the build"
+            await self.db.put_build(build.build_id, build.state, build.host, build.to_doc(),
+                                    build.created_at.timestamp())
+
+    async def _save(self, build: Build) -> None:
+        """A build's record and its new log lines into the metadata store (lines first: a
+        reader that sees it finished sees all of them)."""
+        async with self._saving:
+            count = len(build.logs)
+            if count > build.saved_logs:
+                await self.db.add_build_logs(build.build_id, build.saved_logs,
+                                             [line.to_doc() for line in
+                                              build.logs[build.saved_logs:count]])
+                build.saved_logs = count
+            await self.db.put_build(build.build_id, build.state, build.host, build.to_doc(),
+                                    build.created_at.timestamp())
+
+    async def _save_while_running(self, build: Build) -> None:
+        while True:
+            await asyncio.sleep(SAVE_INTERVAL)
+            try:
+                await self._save(build)
+            except Exception as e:  # noqa: BLE001 - the next save tries again
+                log.warning("build %s not saved: %s", build.build_id, e)
+
+    async def get(self, name: str, build_id: str, who: Principal) -> Build:
+        """A build of template `name`, from this host if it runs it, else from the metadata
+        store (whichever host requested or ran it)."""
         build = self._builds.get(build_id)
+        if build is None and len(build_id) <= 100:
+            doc = await self.db.get_build(build_id)
+            build = Build.from_doc(doc) if doc is not None else None
         if build is None or build.name != name.partition(":")[0] \
                 or not who.sees(build.owner):
             raise NotFoundError(f"build {build_id[:64]!r} of template {name[:64]!r} not found")
         return build
 
-    def lookup(self, name: str, who: Principal) -> TemplateInfo:
+    async def logs(self, build: Build, offset: int, limit: int) -> list[LogLine]:
+        """Lines `offset` to `offset + limit` of a build's logs."""
+        if self._builds.get(build.build_id) is build:
+            return build.logs[offset:offset + limit]
+        return [LogLine.from_doc(d) for d in await self.db.build_logs(build.build_id, offset,
+                                                                      limit)]
+
+    async def tail(self, build: Build, count: int) -> list[LogLine]:
+        """The last `count` lines of a build's logs."""
+        total = len(build.logs) if self._builds.get(build.build_id) is build \
+            else build.saved_logs
+        return await self.logs(build, max(0, total - count), count)
+
+    async def lookup(self, name: str, who: Principal) -> TemplateInfo:
         """A template by E2B name; PermissionDeniedError if it is another tenant's."""
         base, _ = template_name(name)
-        info = self.templates.get(base)
+        info = await self.templates.current(base)
         if not visible(info, who):
             raise PermissionDeniedError(f"template {base!r} is not yours")
         return info
@@ -212,15 +296,89 @@ class TemplateBuilds:
     async def delete(self, name: str, who: Principal) -> None:
         """Remove a template the tenant built (an operator's: the CLI removes those)."""
         base, _ = template_name(name)
-        info = self.templates.get(base)
+        info = await self.templates.current(base)
         if not visible(info, who):
             raise NotFoundError(f"template {base!r} not found")
         if info.owner is None and not who.admin:
             raise PermissionDeniedError(f"{base!r} is a template of this server's operator; "
                                         "it is removed on the server (`sandlot template rm`)")
-        self.templates.remove(base)
-        if info.snapshot_id:
-            await self._drop_snapshot(info)
+        tagged = await self.templates.tagged(base)
+        for tag in tagged:
+            if tag != DEFAULT_TAG:
+                await self.templates.put_tag(base, tag, None)
+        await self.templates.delete(base)
+        for snapshot in {i.snapshot_id: i for i in tagged.values() if i.snapshot_id}.values():
+            await self._drop_snapshot(snapshot)
+
+    # ---- tags (E2B's) -----------------------------------------------------------------
+
+    async def _own(self, name: str, who: Principal) -> TemplateInfo:
+        """A build (`name` or `name:tag`) of a template `who` built."""
+        try:
+            info = await self.templates.current(name)
+        except NotFoundError:
+            raise NotFoundError(f"template {name[:80]!r} not found") from None
+        if not visible(info, who):
+            raise NotFoundError(f"template {name[:80]!r} not found")
+        if info.owner is None and not who.admin:
+            raise PermissionDeniedError(f"{info.name!r} is a template of this server's "
+                                        "operator; its tags are not changed through the API")
+        return info
+
+    async def tags(self, name: str, who: Principal) -> dict[str, TemplateInfo]:
+        """A template's tags and the builds they name."""
+        base, _ = template_name(name)
+        tagged = await self.templates.tagged(base)
+        if not tagged or not visible(next(iter(tagged.values())), who):
+            raise NotFoundError(f"template {base!r} not found")
+        return tagged
+
+    async def assign_tags(self, target: str, tags: list[str], who: Principal
+                          ) -> TemplateInfo:
+        """Point `tags` of a template at the build `target` (``name:tag``; ``name``: its
+        default tag) names; the build."""
+        base, _ = template_name(target)
+        if not tags:
+            raise InvalidArgumentError("give at least one tag")
+        for t in tags:
+            if not NAME_RE.fullmatch(t or ""):
+                raise InvalidArgumentError(f"invalid tag {str(t)[:64]!r}")
+        info = await self._own(target, who)
+        await self._point(base, list(dict.fromkeys(tags)), info)
+        return info
+
+    async def remove_tags(self, name: str, tags: list[str], who: Principal) -> None:
+        """Remove tags of a template (not its default: delete the template instead)."""
+        base, _ = template_name(name)
+        if DEFAULT_TAG in tags:
+            raise InvalidArgumentError(f"the {DEFAULT_TAG!r} tag is the template's own "
+                                       "build; it is removed with the template")
+        for t in tags:
+            if not NAME_RE.fullmatch(t or ""):
+                raise InvalidArgumentError(f"invalid tag {str(t)[:64]!r}")
+        await self._own(base, who)
+        tagged = await self.templates.tagged(base)
+        for t in tags:
+            if t in tagged:
+                await self.templates.put_tag(base, t, None)
+        await self._drop_unused(base, [tagged[t] for t in tags if t in tagged])
+
+    async def _point(self, name: str, tags: list[str], info: TemplateInfo) -> None:
+        """Point `tags` of template `name` at build `info`; the builds they named before
+        are dropped when no tag names them any more."""
+        before = await self.templates.tagged(name)
+        for tag in tags:
+            if tag == DEFAULT_TAG:
+                await self.templates.put(info.model_copy(update={"name": name}))
+            else:
+                await self.templates.put_tag(name, tag, info)
+        await self._drop_unused(name, [before[t] for t in tags if t in before])
+
+    async def _drop_unused(self, name: str, infos: list[TemplateInfo]) -> None:
+        used = {i.snapshot_id for i in (await self.templates.tagged(name)).values()}
+        for snapshot in {i.snapshot_id: i for i in infos
+                         if i.snapshot_id and i.snapshot_id not in used}.values():
+            await self._drop_snapshot(snapshot)
 
     # ---- uploads ----------------------------------------------------------------------
 
@@ -291,30 +449,34 @@ class TemplateBuilds:
         template = None
         if NAME_RE.fullmatch(base.removesuffix(":latest")):
             try:
-                info = self.templates.get(base.removesuffix(":latest"))
+                info = await self.templates.current(base.removesuffix(":latest"))
             except NotFoundError:
                 info = None
             if info is not None and visible(info, who):
                 template = info.name
         if template is None:
             oci.parse_reference(base)  # a bad reference: 400 now
-        build = self.request(name, None, cpus, memory_mb, None, who)
+        build = await self.request(name, None, cpus, memory_mb, None, who)
         for warning in plan.warnings:
             build.log(warning, "warn")
         try:
             return await self.start(build.name, build.build_id, BuildSpec(
-                image=None if template else base, template=template, steps=plan.steps), who)
-        except BaseException:
-            self._builds.pop(build.build_id, None)
+                image=None if template else base, template=template, steps=plan.steps), who,
+                build=build)
+        except SandlotError as e:  # answered to the caller; the record says why too
+            build.status, build.reason, build.error = "error", e.message, type(e).__name__
+            build.started = True
+            await self._save(build)
             raise
 
     # ---- builds -----------------------------------------------------------------------
 
-    async def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal
-                    ) -> Build:
-        """Start a requested build in the background."""
-        build = self.get(name, build_id, who)
-        if build.task is not None:
+    async def start(self, name: str, build_id: str, spec: BuildSpec, who: Principal,
+                    build: Build | None = None) -> Build:
+        """Start a requested build (on whichever host it was requested) in the background,
+        on this host."""
+        build = build or await self.get(name, build_id, who)
+        if build.started or build.task is not None:
             raise ConflictError(f"build {build_id} was started already")
         missing = [s.files_hash for s in spec.steps if s.kind == "COPY"
                    and not self._upload_dir(build.owner, s.files_hash or "").is_dir()]
@@ -328,14 +490,40 @@ class TemplateBuilds:
             await self.templates.info(spec.template.partition(":")[0], tenant_of(build.owner))
         else:  # a bad reference: 400 now, not a failed build
             oci.parse_reference(spec.image or "")
+        if build.saved_logs > len(build.logs):  # requested elsewhere: its lines so far
+            build.logs = [LogLine.from_doc(d) for d in await self.db.build_logs(
+                build.build_id, 0, build.saved_logs)]
+            build.saved_logs = len(build.logs)
+        if self._builds.get(build.build_id, build) is not build:  # two starts at once
+            raise ConflictError(f"build {build_id} was started already")
+        build.started, build.host = True, self.host_id
+        self._builds[build.build_id] = build
+        build.log(f"Build {build.build_id} of template {build.name} queued")
+        try:
+            await self._save(build)
+        except BaseException:
+            self._builds.pop(build.build_id, None)
+            raise
         build.task = asyncio.create_task(self._run(build, spec))
         return build
 
     async def _run(self, build: Build, spec: BuildSpec) -> None:
-        build.log(f"Build {build.build_id} of template {build.name} queued")
+        saver = asyncio.create_task(self._save_while_running(build))
+        try:
+            await self._run_build(build, spec)
+        finally:
+            await stop_task(saver)
+            try:
+                await self._save(build)
+            except Exception:  # noqa: BLE001 - a build's end is never lost silently
+                log.exception("build %s (%s) not saved", build.build_id, build.status)
+            self._builds.pop(build.build_id, None)
+
+    async def _run_build(self, build: Build, spec: BuildSpec) -> None:
         try:
             async with self._one_at_a_time:
                 build.status = "building"
+                await self._save(build)
                 await self._build(build, spec, time.monotonic()
                                   + self.settings.limits.build_seconds)
             build.status = "ready"
@@ -372,13 +560,15 @@ class TemplateBuilds:
             "steps": [[s.kind, list(s.args), s.files_hash] for s in spec.steps]},
             sort_keys=True).encode()).hexdigest()[:24]
         try:
-            before: TemplateInfo | None = self.templates.get(build.name)
+            before: TemplateInfo | None = await self.templates.current(
+                f"{build.name}:{build.tags[0]}")
         except NotFoundError:
             before = None
         if before is not None and before.recipe == key and before.snapshot_id \
                 and not spec.force and await self._snapshot_ready(before):
             build.log(f"Template {build.name}: served from the cache (unchanged since "
                       f"{before.built_at:%Y-%m-%d %H:%M:%S} UTC)")
+            await self._point(build.name, build.tags, before)
             return
         build.log(f"Base {origin}: starting a sandbox of it")
         rec = await c.sandboxes.create(create.model_copy(update={
@@ -407,16 +597,14 @@ class TemplateBuilds:
         finally:
             with contextlib.suppress(SandlotError):
                 await c.sandboxes.kill(sid, who=who)
-        base = self.templates.get(rec.template or "")
+        base = await self.templates.current(rec.template or "")
         info = base.model_copy(update={
             "name": build.name, "owner": build.owner, "env": {**base.env, **state.env},
             "workdir": state.cwd, "user": None if state.user == "root" else state.user,
             "image": origin, "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd,
             "snapshot_id": snap.snapshot_id, "recipe": key, "built_at": now(),
-            "memory_mb": build.memory_mb, "cpus": build.cpus})
-        await self.templates.put(info)
-        if before is not None and before.snapshot_id:
-            await self._drop_snapshot(before)
+            "memory_mb": build.memory_mb, "cpus": build.cpus, "build_id": build.build_id})
+        await self._point(build.name, build.tags, info)
 
     async def _snapshot_ready(self, info: TemplateInfo) -> bool:
         try:

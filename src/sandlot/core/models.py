@@ -254,6 +254,7 @@ class TemplateInfo(BaseModel):
     ready_cmd: str | None = None
     snapshot_id: str | None = None
     recipe: str | None = None
+    build_id: str | None = None  # the build through the API that made it
 
 
 # ---- what commands and files in a running sandbox answer -----------------------------------

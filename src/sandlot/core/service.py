@@ -62,8 +62,8 @@ class Core:
         self.events = Events()  # the records' changes, for live views (GET /v1/events)
         self.db = FeedingStore(open_store(settings.database_url, settings.db_path),
                                self.events)
-        self.templates = TemplateStore(settings, runtime)
-        self.builds = TemplateBuilds(settings, self.templates, runtime)
+        self.templates = TemplateStore(settings, runtime, self.db)
+        self.builds = TemplateBuilds(settings, self.templates, runtime, self.db, self.host_id)
         self.builds.core = self
         self.snapshots = SnapshotManager(self.db, runtime, self.host_id)
         self.sandboxes = SandboxManager(settings, self.db, runtime, self.templates,
@@ -85,6 +85,7 @@ class Core:
         """Open the metadata store, recover, join the deployment (reachable at `url`)."""
         await self.db.open()
         await self.recover()
+        await self.builds.recover()
         await self._reconcile_templates()
         warm = {}
         for name in self.settings.pool_templates if self.settings.pool_size else ():

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -26,7 +27,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from sandlot import filelock
 from sandlot.config import Settings
-from sandlot.core.db import run_sync, with_store
+from sandlot.core.db import MetadataStore, run_sync, with_store
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.sources import Source
 from sandlot.core.tenancy import SYSTEM, Principal
@@ -51,6 +52,7 @@ from sandlot.vmm.machine import DEVICE_MODEL
 from sandlot.vmm.qemu import qemu_info
 
 log = logging.getLogger(__name__)
+DEFAULT_TAG = "default"  # E2B's tag of a template's own build
 IMAGE_TEMPLATE_PREFIX = "image-"  # the templates creates from an OCI image make
 IMAGE_BUILDER_VERSION = "1"  # bump when a build from an image changes in a way its digest
 # does not show
@@ -58,11 +60,16 @@ IMAGE_BUILDER_VERSION = "1"  # bump when a build from an image changes in a way 
 
 class TemplateStore:
     """Template names -> builds: this host's index (the builds it made or fetched), and the
-    store's, for templates another host built. Pass the runtime to reach the store."""
+    store's, for templates another host built. Pass the runtime to reach the store, and the
+    metadata store (`db`) for the templates built through the API: the deployment's record
+    of those wins over this host's index, so a template rebuilt or deleted on another host
+    is never restored from what this host remembers of it."""
 
-    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None,
+                 db: MetadataStore | None = None) -> None:
         self.settings = settings
         self.runtime = runtime
+        self.db = db
         self.root = settings.images
         self.builds = self.root / "builds"
         self.index = self.root / "templates"
@@ -91,17 +98,56 @@ class TemplateStore:
         self.get(name)
         (self.index / f"{name}.json").unlink()
 
+    async def delete(self, name: str) -> None:
+        """Remove a template built through the API, here and for every host."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.index / f"{name}.json").unlink()
+        if self.db is not None:
+            await self.db.put_template(name, None)
+
     async def info(self, name: str, who: Principal = SYSTEM) -> TemplateInfo:
         """A template by name that `who` may use: this host's, else the store's (then
         remembered here)."""
-        if not NAME_RE.fullmatch(name or ""):  # nothing else can name one: never looked up
-            raise NotFoundError(f"template {name[:64]!r} not found")
-        info = await self._info(name)
+        base, _, tag = (name or "").partition(":")
+        if not NAME_RE.fullmatch(base) or (tag and not NAME_RE.fullmatch(tag)):
+            raise NotFoundError(f"template {name[:64]!r} not found")  # never looked up
+        info = await self.current(name)
         if not visible(info, who):
             raise NotFoundError(f"template {name!r} not found")
         return info
 
-    async def _info(self, name: str) -> TemplateInfo:
+    async def current(self, name: str) -> TemplateInfo:
+        """A template as the deployment has it now, whoever may use it: the metadata
+        store's record of a template built through the API (remembered here when it differs:
+        a rebuild on another host), else this host's index, else the store's. `name:tag`
+        names a tagged build (E2B's tags; `name:default` is `name`)."""
+        name = name.removesuffix(":" + DEFAULT_TAG) if name else name
+        base, _, tag = (name or "").partition(":")
+        if tag:
+            if not (NAME_RE.fullmatch(base) and NAME_RE.fullmatch(tag)):
+                raise NotFoundError(f"template {name[:64]!r} not found")
+            row = await self.db.get_template(name) if self.db is not None else None
+            if row is None or row.doc is None:
+                raise NotFoundError(f"template {base!r} has no build tagged {tag!r}")
+            return TemplateInfo.model_validate(row.doc)
+        if not NAME_RE.fullmatch(name or ""):
+            raise NotFoundError(f"template {name[:64]!r} not found")
+        row = await self.db.get_template(name) if self.db is not None else None
+        if row is not None:
+            try:
+                known: TemplateInfo | None = self.get(name)
+            except (NotFoundError, ValueError):
+                known = None
+            if row.doc is None:  # deleted (on this host or another)
+                if known is not None and known.owner is None and not known.snapshot_id:
+                    return known  # the operator's, built here since (`sandlot template`)
+                with contextlib.suppress(FileNotFoundError):
+                    (self.index / f"{name}.json").unlink()
+                raise NotFoundError(f"template {name!r} not found")
+            info = TemplateInfo.model_validate(row.doc)
+            if known != info:
+                self._remember(info)
+            return info
         try:
             return self.get(name)
         except NotFoundError:
@@ -112,11 +158,44 @@ class TemplateStore:
         except NotFoundError:
             raise NotFoundError(f"template {name!r} not found here or in the store; build it "
                                 f"with `sandlot template build {name}`") from None
-        self.index.mkdir(parents=True, exist_ok=True)
-        tmp = self.index / f"{name}.json.tmp"
-        tmp.write_text(info.model_dump_json(indent=2))
-        tmp.replace(self.index / f"{name}.json")
+        self._remember(info)
         return info
+
+    async def tagged(self, name: str) -> dict[str, TemplateInfo]:
+        """A template's tags (E2B's) and the builds they name: `default` is the template's
+        own build."""
+        tags = {}
+        with contextlib.suppress(NotFoundError):
+            tags[DEFAULT_TAG] = await self.current(name)
+        for row in await self.db.templates() if self.db is not None else []:
+            base, _, tag = row.name.partition(":")
+            if base == name and tag and row.doc is not None:
+                tags[tag] = TemplateInfo.model_validate(row.doc)
+        return tags
+
+    async def put_tag(self, name: str, tag: str, info: TemplateInfo | None) -> None:
+        """Point tag `tag` of template `name` at a build (None: remove the tag)."""
+        await self.db.put_template(f"{name}:{tag}", None if info is None
+                                   else info.model_dump(mode="json"))
+
+    async def listing(self, who: Principal = SYSTEM) -> list[TemplateInfo]:
+        """The templates `who` may use: this host's, and those built through the API on any
+        host of the deployment (as they are now)."""
+        infos = {i.name: i for i in self.list(SYSTEM)}
+        for row in await self.db.templates() if self.db is not None else []:
+            if ":" in row.name:
+                continue  # a tag
+            if row.doc is None:
+                infos.pop(row.name, None)
+            else:
+                infos[row.name] = TemplateInfo.model_validate(row.doc)
+        return [infos[n] for n in sorted(infos) if visible(infos[n], who)]
+
+    def _remember(self, info: TemplateInfo) -> None:
+        self.index.mkdir(parents=True, exist_ok=True)
+        tmp = self.index / f"{info.name}.json.{secrets.token_hex(4)}.tmp"
+        tmp.write_text(info.model_dump_json(indent=2))
+        tmp.replace(self.index / f"{info.name}.json")
 
     async def image_source(self, reference: str) -> Source:
         """What a create from an OCI image starts from: the image's template, built on first
@@ -176,13 +255,13 @@ class TemplateStore:
                       owner=info.owner)
 
     async def put(self, info: TemplateInfo) -> None:
-        """Point `info.name` at `info` (a build of this host), here and in the store."""
+        """Point `info.name` at `info` (a build of this host), here, in the store and, for
+        every host of the deployment, in the metadata store."""
         if self.runtime is not None:
             await self.runtime.publish_template(image_of(info), info.model_dump(mode="json"))
-        self.index.mkdir(parents=True, exist_ok=True)
-        tmp = self.index / f"{info.name}.json.tmp"
-        tmp.write_text(info.model_dump_json(indent=2))
-        tmp.replace(self.index / f"{info.name}.json")
+        self._remember(info)
+        if self.db is not None:
+            await self.db.put_template(info.name, info.model_dump(mode="json"))
 
 
 def visible(info: TemplateInfo, who: Principal) -> bool:

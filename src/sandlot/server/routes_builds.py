@@ -10,7 +10,7 @@ from datetime import datetime
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandlot.core.builds import Build
+from sandlot.core.builds import Build, TemplateBuilds
 from sandlot.errors import InvalidArgumentError
 from sandlot.server.auth import who
 from sandlot.server.deps import core
@@ -47,8 +47,8 @@ class BuildStatus(BaseModel):
     logs_offset: int = Field(description="the index of the first of `logs`")
 
 
-def _status(build: Build, offset: int) -> BuildStatus:
-    logs = build.logs[offset:offset + MAX_LOG_PAGE]
+async def _status(builds: TemplateBuilds, build: Build, offset: int) -> BuildStatus:
+    logs = await builds.logs(build, offset, MAX_LOG_PAGE)
     return BuildStatus(build_id=build.build_id, name=build.name, status=build.status,
                        reason=build.reason, step=build.reason_step,
                        error=build.error, logs_offset=offset,
@@ -65,13 +65,15 @@ async def build_template(name: str, body: DockerfileBuild, request: Request) -> 
             context = base64.b64decode(body.context, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgumentError("context must be base64 (of a tar)") from None
-    build = await core(request).builds.build_dockerfile(
+    builds = core(request).builds
+    build = await builds.build_dockerfile(
         name, body.dockerfile, context, body.cpus, body.memory_mb, who(request))
-    return _status(build, 0)
+    return await _status(builds, build, 0)
 
 
 @router.get("/v1/templates/{name}/builds/{build_id}", response_model=BuildStatus)
 async def template_build(name: str, build_id: str, request: Request,
                          logs_offset: int = Query(0, ge=0)) -> BuildStatus:
     """A build's status, its logs from `logs_offset`, and why it failed."""
-    return _status(core(request).builds.get(name, build_id, who(request)), logs_offset)
+    builds = core(request).builds
+    return await _status(builds, await builds.get(name, build_id, who(request)), logs_offset)

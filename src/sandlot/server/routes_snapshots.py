@@ -99,7 +99,7 @@ async def fork_snapshot(id_or_name: str, request: Request,
 
 @router.get("/v1/templates", response_model=TemplateList)
 async def list_templates(request: Request) -> TemplateList:
-    return TemplateList(templates=core(request).templates.list(who(request)))
+    return TemplateList(templates=await core(request).templates.listing(who(request)))
 
 
 @router.get("/v1/templates/{name}", response_model=TemplateInfo)

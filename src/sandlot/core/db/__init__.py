@@ -1,4 +1,5 @@
-"""The metadata store: API keys, sandboxes, snapshots and the deployment's hosts.
+"""The metadata store: API keys, sandboxes, snapshots, templates built through the API and
+their builds, and the deployment's hosts.
 
 SQLite under the data dir is the single-host default (`sqlite.py`); a PostgreSQL URL makes
 every host of a deployment share one database (`postgres.py`). Records are JSON documents with
@@ -16,6 +17,7 @@ from sandlot.core.db.common import (
     HostRow,
     KeyRow,
     NameTaken,
+    TemplateRow,
     hash_key,
     new_api_key,
     scoped_name,
@@ -61,6 +63,29 @@ class MetadataStore(Protocol):
                         host: str | None = None) -> list[dict]: ...
     async def name_taken(self, name: str, except_id: str | None = None) -> bool: ...
 
+    async def put_template(self, name: str, doc: dict | None) -> None:
+        """Point a template name at `doc` (its TemplateInfo); None: it was deleted."""
+        ...
+
+    async def get_template(self, name: str) -> TemplateRow | None: ...
+    async def templates(self) -> list[TemplateRow]: ...
+
+    async def put_build(self, build_id: str, state: str, host: str, doc: dict,
+                        created_at: float) -> None: ...
+    async def get_build(self, build_id: str) -> dict | None: ...
+    async def builds(self, states: tuple[str, ...] | None = None,
+                     host: str | None = None) -> list[dict]: ...
+
+    async def add_build_logs(self, build_id: str, first: int, lines: list[dict]) -> None:
+        """Log lines `first`, `first + 1`, ... of a build (a line already kept is kept)."""
+        ...
+
+    async def build_logs(self, build_id: str, offset: int, limit: int) -> list[dict]: ...
+
+    async def drop_builds(self, states: tuple[str, ...], before: float) -> int:
+        """Forget the builds in `states` made before `before` (a time), with their logs."""
+        ...
+
     async def heartbeat(self, host_id: str, url: str, state: str, doc: dict) -> None:
         """Register or refresh a host (stamped with the store's clock)."""
         ...
@@ -70,7 +95,7 @@ class MetadataStore(Protocol):
 
     async def mark_lost(self, timeout: float, reason: str) -> list[str]:
         """Hosts silent for `timeout` s become `lost`, with their running sandboxes (and their
-        unfinished snapshots failed); returns the hosts that were marked now."""
+        unfinished snapshots and template builds failed); returns the hosts that were marked now."""
         ...
 
 
@@ -102,5 +127,5 @@ async def with_store(database_url: str | None, sqlite_path: Path, fn):
         await store.close()
 
 
-__all__ = ["HostRow", "KeyRow", "MetadataStore", "NameTaken", "hash_key", "new_api_key",
-           "open_store", "run_sync", "scoped_name", "with_store"]
+__all__ = ["HostRow", "KeyRow", "MetadataStore", "NameTaken", "TemplateRow", "hash_key",
+           "new_api_key", "open_store", "run_sync", "scoped_name", "with_store"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 # sandbox and snapshot states a lost host's records move out of (core/models.py names them)
 LIVE_SANDBOX_STATES = ("starting", "running")
 UNFINISHED_SNAPSHOT_STATES = ("creating", "uploading")
+# template build states a lost host's builds move out of (core/builds.py names them)
+UNFINISHED_BUILD_STATES = ("waiting", "building")
 # An active or draining host's state is the operators' (drain, activate through any host): its
 # heartbeat keeps it; a heartbeat only brings a lost or stopped host back.
 KEEP_DRAINING = ("CASE WHEN hosts.state IN ('active', 'draining') THEN hosts.state "
@@ -70,6 +72,16 @@ def listing(table: str, states: tuple[str, ...] | None, host: str | None,
 
 
 @dataclass(frozen=True)
+class TemplateRow:
+    """A template built through the API as the store has it: `doc` is its TemplateInfo,
+    None once it was deleted (so a host that cached it learns it is gone)."""
+
+    name: str
+    doc: dict | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class HostRow:
     """A host as the store has it: `age` is the seconds since its last heartbeat."""
 
@@ -92,4 +104,12 @@ def failed_snapshot_doc(doc_text: str, reason: str) -> str:
     doc = json.loads(doc_text)
     doc["state"] = "failed"
     doc["error"] = reason
+    return json.dumps(doc)
+
+
+def failed_build_doc(doc_text: str, reason: str) -> str:
+    doc = json.loads(doc_text)
+    doc["status"] = "error"
+    doc["reason"] = reason
+    doc["error"] = "HostUnavailableError"
     return json.dumps(doc)

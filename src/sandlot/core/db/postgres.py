@@ -22,10 +22,13 @@ from psycopg_pool import AsyncConnectionPool
 from sandlot.core.db.common import (
     KEEP_DRAINING,
     LIVE_SANDBOX_STATES,
+    UNFINISHED_BUILD_STATES,
     UNFINISHED_SNAPSHOT_STATES,
     HostRow,
     KeyRow,
     NameTaken,
+    TemplateRow,
+    failed_build_doc,
     failed_snapshot_doc,
     hash_key,
     key_id,
@@ -64,6 +67,18 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE api_keys ADD COLUMN admin BOOLEAN NOT NULL DEFAULT false;
     UPDATE snapshots SET name = 'operator/' || name
         WHERE name IS NOT NULL AND position('/' in name) = 0;
+    """,
+    # templates built through the API (doc NULL: deleted) and their builds, with their logs
+    """
+    CREATE TABLE templates (
+        name TEXT PRIMARY KEY, doc TEXT, updated_at DOUBLE PRECISION NOT NULL);
+    CREATE TABLE builds (
+        id TEXT PRIMARY KEY, state TEXT NOT NULL, host TEXT NOT NULL, doc TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX builds_state ON builds (state, host);
+    CREATE TABLE build_logs (
+        build_id TEXT NOT NULL, seq INTEGER NOT NULL, doc TEXT NOT NULL,
+        PRIMARY KEY (build_id, seq));
     """,
 )
 
@@ -224,6 +239,60 @@ class PostgresStore:
         rows = await self._q("SELECT id FROM snapshots WHERE name = %s", (name,))
         return bool(rows) and rows[0][0] != except_id
 
+    # ---- templates and their builds -------------------------------------------------------
+
+    async def put_template(self, name: str, doc: dict | None) -> None:
+        await self._q(f"INSERT INTO templates VALUES (%s, %s, {NOW}) ON CONFLICT (name) DO "
+                      "UPDATE SET doc = excluded.doc, updated_at = excluded.updated_at",
+                      (name, None if doc is None else json.dumps(doc)))
+
+    async def get_template(self, name: str) -> TemplateRow | None:
+        rows = await self._q("SELECT name, doc, updated_at FROM templates WHERE name = %s",
+                             (name,))
+        return _template_row(rows[0]) if rows else None
+
+    async def templates(self) -> list[TemplateRow]:
+        return [_template_row(r) for r in await self._q(
+            "SELECT name, doc, updated_at FROM templates ORDER BY name")]
+
+    async def put_build(self, build_id: str, state: str, host: str, doc: dict,
+                        created_at: float) -> None:
+        await self._q("INSERT INTO builds VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO "
+                      "UPDATE SET state = excluded.state, host = excluded.host, "
+                      "doc = excluded.doc", (build_id, state, host, json.dumps(doc), created_at))
+
+    async def get_build(self, build_id: str) -> dict | None:
+        rows = await self._q("SELECT doc FROM builds WHERE id = %s", (build_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def builds(self, states: tuple[str, ...] | None = None,
+                     host: str | None = None) -> list[dict]:
+        sql, args = listing("builds", states, host, "%s")
+        return [json.loads(r[0]) for r in await self._q(sql + " ORDER BY created_at", args)]
+
+    async def add_build_logs(self, build_id: str, first: int, lines: list[dict]) -> None:
+        if not lines:
+            return
+        async with self._pool.connection() as conn:
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO build_logs VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    [(build_id, first + i, json.dumps(line)) for i, line in enumerate(lines)])
+
+    async def build_logs(self, build_id: str, offset: int, limit: int) -> list[dict]:
+        return [json.loads(r[0]) for r in await self._q(
+            "SELECT doc FROM build_logs WHERE build_id = %s AND seq >= %s ORDER BY seq "
+            "LIMIT %s", (build_id, offset, limit))]
+
+    async def drop_builds(self, states: tuple[str, ...], before: float) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("DELETE FROM builds WHERE state = ANY(%s) AND "
+                                     "created_at < %s RETURNING id", (list(states), before))
+            ids = [r[0] for r in await cur.fetchall()]
+            if ids:
+                await conn.execute("DELETE FROM build_logs WHERE build_id = ANY(%s)", (ids,))
+        return len(ids)
+
     # ---- hosts ----------------------------------------------------------------------------
 
     async def heartbeat(self, host_id: str, url: str, state: str, doc: dict) -> None:
@@ -253,19 +322,30 @@ class PostgresStore:
             for host in lost:
                 why = reason.format(host=host)
                 await conn.execute("UPDATE hosts SET state = 'lost' WHERE id = %s", (host,))
-                cur = await conn.execute("SELECT id, doc FROM sandboxes WHERE host = %s AND "
-                                         "state = ANY(%s) FOR UPDATE",
-                                         (host, list(LIVE_SANDBOX_STATES)))
-                for sid, doc in await cur.fetchall():
-                    await conn.execute(f"UPDATE sandboxes SET state = 'lost', doc = %s, "
-                                       f"updated_at = {NOW} WHERE id = %s",
-                                       (lost_sandbox_doc(doc, why), sid))
-                    await conn.execute("SELECT pg_notify(%s, %s)", (SANDBOX_CHANNEL, sid))
-                cur = await conn.execute("SELECT id, doc FROM snapshots WHERE host = %s AND "
-                                         "state = ANY(%s) FOR UPDATE",
-                                         (host, list(UNFINISHED_SNAPSHOT_STATES)))
-                for sid, doc in await cur.fetchall():
-                    await conn.execute("UPDATE snapshots SET state = 'failed', doc = %s "
-                                       "WHERE id = %s", (failed_snapshot_doc(doc, why), sid))
-                    await conn.execute("SELECT pg_notify(%s, %s)", (SNAPSHOT_CHANNEL, sid))
+                await _mark_records(conn, "sandboxes", host, LIVE_SANDBOX_STATES, "lost",
+                                    lost_sandbox_doc, why, SANDBOX_CHANNEL)
+                await _mark_records(conn, "snapshots", host, UNFINISHED_SNAPSHOT_STATES,
+                                    "failed", failed_snapshot_doc, why, SNAPSHOT_CHANNEL)
+                await _mark_records(conn, "builds", host, UNFINISHED_BUILD_STATES, "error",
+                                    failed_build_doc, why, None)
         return lost
+
+
+async def _mark_records(conn: psycopg.AsyncConnection, table: str, host: str,
+                        states: tuple[str, ...], state: str,
+                        doc_of: Callable[[str, str], str], reason: str,
+                        channel: str | None) -> None:
+    """A lost host's records of `table` in `states` move to `state`, their docs rewritten
+    with the reason (and the change announced on `channel`)."""
+    cur = await conn.execute(f"SELECT id, doc FROM {table} WHERE host = %s AND "
+                             "state = ANY(%s) FOR UPDATE", (host, list(states)))
+    stamp = f", updated_at = {NOW}" if table == "sandboxes" else ""
+    for rid, doc in await cur.fetchall():
+        await conn.execute(f"UPDATE {table} SET state = %s, doc = %s{stamp} WHERE id = %s",
+                           (state, doc_of(doc, reason), rid))
+        if channel:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, rid))
+
+
+def _template_row(row: tuple) -> TemplateRow:
+    return TemplateRow(row[0], None if row[1] is None else json.loads(row[1]), float(row[2]))

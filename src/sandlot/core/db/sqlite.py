@@ -16,10 +16,13 @@ from pathlib import Path
 from sandlot.core.db.common import (
     KEEP_DRAINING,
     LIVE_SANDBOX_STATES,
+    UNFINISHED_BUILD_STATES,
     UNFINISHED_SNAPSHOT_STATES,
     HostRow,
     KeyRow,
     NameTaken,
+    TemplateRow,
+    failed_build_doc,
     failed_snapshot_doc,
     hash_key,
     key_id,
@@ -40,6 +43,14 @@ CREATE TABLE IF NOT EXISTS hosts (
     id TEXT PRIMARY KEY, url TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL,
     heartbeat_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS templates (
+    name TEXT PRIMARY KEY, doc TEXT, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS builds (
+    id TEXT PRIMARY KEY, state TEXT NOT NULL, host TEXT NOT NULL, doc TEXT NOT NULL,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS build_logs (
+    build_id TEXT NOT NULL, seq INTEGER NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (build_id, seq));
 """
 # columns added after the first release: (table, column, definition)
 ADDED_COLUMNS = (("sandboxes", "host", "TEXT NOT NULL DEFAULT ''"),
@@ -156,6 +167,56 @@ class SqliteStore:
         rows = self._q("SELECT id FROM snapshots WHERE name = ?", (name,))
         return bool(rows) and rows[0][0] != except_id
 
+    # ---- templates and their builds -------------------------------------------------------
+
+    async def put_template(self, name: str, doc: dict | None) -> None:
+        self._q("INSERT OR REPLACE INTO templates VALUES (?, ?, ?)",
+                (name, None if doc is None else json.dumps(doc), time.time()))
+
+    async def get_template(self, name: str) -> TemplateRow | None:
+        rows = self._q("SELECT name, doc, updated_at FROM templates WHERE name = ?", (name,))
+        return _template_row(rows[0]) if rows else None
+
+    async def templates(self) -> list[TemplateRow]:
+        return [_template_row(r) for r in self._q("SELECT name, doc, updated_at FROM templates "
+                                                  "ORDER BY name")]
+
+    async def put_build(self, build_id: str, state: str, host: str, doc: dict,
+                        created_at: float) -> None:
+        self._q("INSERT OR REPLACE INTO builds VALUES (?, ?, ?, ?, ?)",
+                (build_id, state, host, json.dumps(doc), created_at))
+
+    async def get_build(self, build_id: str) -> dict | None:
+        rows = self._q("SELECT doc FROM builds WHERE id = ?", (build_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def builds(self, states: tuple[str, ...] | None = None,
+                     host: str | None = None) -> list[dict]:
+        sql, args = listing("builds", states, host, "?")
+        return [json.loads(r[0]) for r in self._q(sql + " ORDER BY created_at", args)]
+
+    async def add_build_logs(self, build_id: str, first: int, lines: list[dict]) -> None:
+        with self._lock:
+            self._db.executemany("INSERT OR IGNORE INTO build_logs VALUES (?, ?, ?)",
+                                 [(build_id, first + i, json.dumps(line))
+                                  for i, line in enumerate(lines)])
+
+    async def build_logs(self, build_id: str, offset: int, limit: int) -> list[dict]:
+        return [json.loads(r[0]) for r in self._q(
+            "SELECT doc FROM build_logs WHERE build_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
+            (build_id, offset, limit))]
+
+    async def drop_builds(self, states: tuple[str, ...], before: float) -> int:
+        marks = ",".join("?" * len(states))
+        with self._lock:
+            ids = [r[0] for r in self._db.execute(
+                f"SELECT id FROM builds WHERE state IN ({marks}) AND created_at < ?",
+                (*states, before))]
+            for bid in ids:
+                self._db.execute("DELETE FROM build_logs WHERE build_id = ?", (bid,))
+                self._db.execute("DELETE FROM builds WHERE id = ?", (bid,))
+        return len(ids)
+
     # ---- hosts ----------------------------------------------------------------------------
 
     async def heartbeat(self, host_id: str, url: str, state: str, doc: dict) -> None:
@@ -204,3 +265,12 @@ def _mark_host_lost(db: sqlite3.Connection, host: str, reason: str) -> None:
                                f"({marks})", (host, *UNFINISHED_SNAPSHOT_STATES)).fetchall():
         db.execute("UPDATE snapshots SET state = 'failed', doc = ? WHERE id = ?",
                    (failed_snapshot_doc(doc, reason), sid))
+    marks = ",".join("?" * len(UNFINISHED_BUILD_STATES))
+    for bid, doc in db.execute(f"SELECT id, doc FROM builds WHERE host = ? AND state IN "
+                               f"({marks})", (host, *UNFINISHED_BUILD_STATES)).fetchall():
+        db.execute("UPDATE builds SET state = 'error', doc = ? WHERE id = ?",
+                   (failed_build_doc(doc, reason), bid))
+
+
+def _template_row(row: tuple) -> TemplateRow:
+    return TemplateRow(row[0], None if row[1] is None else json.loads(row[1]), row[2])

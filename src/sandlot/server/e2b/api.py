@@ -391,7 +391,7 @@ async def delete_template(template_id: str, request: Request) -> Response:
     try:
         snap = await c.snapshots.get(template_id, caller)
     except NotFoundError:
-        if any(t.name == template_id for t in c.templates.list(caller)):
+        if any(t.name == template_id for t in await c.templates.listing(caller)):
             await c.builds.delete(template_id, caller)  # a template the caller built
             return Response(status_code=204)
         raise
@@ -404,8 +404,9 @@ async def delete_template(template_id: str, request: Request) -> Response:
 
 UNSUPPORTED = (
     ("/templates", "sandlot serves template builds (Template.build, build_in_background, "
-                   "get_build_status, exists) and delete; template listings, updates and tags "
-                   "are not served (a template is used by its name)"),
+                   "get_build_status, exists), tags (assign_tags, remove_tags, get_tags) and "
+                   "delete; template listings and updates are not served (a template is used "
+                   "by its name)"),
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),

@@ -8,15 +8,21 @@ hands back is the template's name: `Sandbox.create(name)` starts from it.
     POST /v2/templates/{id}/builds/{build}               start it with the steps (202)
     GET  /templates/{id}/builds/{build}/status           status, logs from logsOffset
     GET  /templates/aliases/{alias}                      exists (403: another team's)
+    GET  /templates/{id}/tags                            a template's tags and their builds
+    POST /templates/tags                                 tags pointed at a build (201)
+    DELETE /templates/tags                               tags removed (204)
 """
 
 from __future__ import annotations
+
+import uuid
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from sandlot.core.builds import Build, BuildSpec
+from sandlot.core.builds import Build, BuildSpec, TemplateBuilds
+from sandlot.core.models import TemplateInfo, now
 from sandlot.errors import InvalidArgumentError
 from sandlot.images import steps
 from sandlot.server.auth import who
@@ -37,6 +43,16 @@ class BuildRequest(Body):
     cpu_count: int | None = Field(None, alias="cpuCount")
     memory_mb: int | None = Field(None, alias="memoryMB")
     min_free_disk_mb: int | None = Field(None, alias="minFreeDiskMb")
+
+
+class TagsAssign(Body):
+    target: str = Field(max_length=200)
+    tags: list[str] = Field(max_length=100)
+
+
+class TagsRemove(Body):
+    name: str = Field(max_length=200)
+    tags: list[str] = Field(max_length=100)
 
 
 class BuildStart(Body):
@@ -72,6 +88,13 @@ def _spec(body: BuildStart) -> BuildSpec:
                      ready_cmd=body.ready_cmd)
 
 
+def _build_id(info: TemplateInfo) -> str:
+    """The build a template's tag names, as E2B's UUID (a template built before builds were
+    recorded in it: one made of its snapshot)."""
+    return info.build_id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"sandlot:{info.name}:"
+                                           f"{info.snapshot_id or info.hash}"))
+
+
 def _entry(line) -> dict:
     return {"timestamp": line.at.isoformat(), "level": line.level, "message": line.message}
 
@@ -81,7 +104,7 @@ async def request_build(body: BuildRequest, request: Request) -> JSONResponse:
     name = body.name or body.alias
     if not name:
         raise InvalidArgumentError("name is required")
-    build = core(request).builds.request(name, body.tags, body.cpu_count, body.memory_mb,
+    build = await core(request).builds.request(name, body.tags, body.cpu_count, body.memory_mb,
                                          body.min_free_disk_mb, who(request))
     return JSONResponse({"templateID": build.name, "buildID": build.build_id,
                          "public": False, "names": [build.name], "aliases": [build.name],
@@ -90,7 +113,7 @@ async def request_build(body: BuildRequest, request: Request) -> JSONResponse:
 
 @router.get("/templates/aliases/{alias}")
 async def alias_exists(alias: str, request: Request) -> JSONResponse:
-    info = core(request).builds.lookup(alias, who(request))
+    info = await core(request).builds.lookup(alias, who(request))
     return JSONResponse({"templateID": info.name, "public": info.owner is None})
 
 
@@ -114,26 +137,48 @@ async def start_build(template_id: str, build_id: str, body: BuildStart,
     return Response(status_code=202)
 
 
-def _window(build: Build, offset: int | None, limit: int | None) -> list:
+async def _window(builds: TemplateBuilds, build: Build, offset: int | None,
+                  limit: int | None) -> list:
     if (offset or 0) < 0 or (limit is not None and limit < 0):
         raise InvalidArgumentError("logsOffset and limit are at least 0")
-    start = offset or 0
-    return build.logs[start:start + min(limit or MAX_LOG_PAGE, MAX_LOG_PAGE)]
+    return await builds.logs(build, offset or 0, min(limit or MAX_LOG_PAGE, MAX_LOG_PAGE))
 
 
 @router.get("/templates/{template_id}/builds/{build_id}/status")
 async def build_status(template_id: str, build_id: str, request: Request,
                        logsOffset: int | None = None,  # noqa: N803 - E2B's name
                        limit: int | None = None) -> JSONResponse:
-    build = core(request).builds.get(template_id, build_id, who(request))
-    window = _window(build, logsOffset, limit)
+    builds = core(request).builds
+    build = await builds.get(template_id, build_id, who(request))
+    window = await _window(builds, build, logsOffset, limit)
     out = {"templateID": build.name, "buildID": build.build_id, "status": build.status,
            "logEntries": [_entry(e) for e in window],
            "logs": [f"[{e.at.isoformat()}] {e.message}" for e in window]}
     if build.status == "error":
         out["reason"] = {"message": build.reason or "build failed",
-                         "logEntries": [_entry(e) for e in build.logs[-20:]]}
+                         "logEntries": [_entry(e) for e in await builds.tail(build, 20)]}
         if build.reason_step:
             out["reason"]["step"] = build.reason_step
     return JSONResponse(out)
 
+
+
+@router.get("/templates/{template_id}/tags")
+async def list_tags(template_id: str, request: Request) -> JSONResponse:
+    tagged = await core(request).builds.tags(template_id, who(request))
+    return JSONResponse([{"tag": tag, "buildID": _build_id(info),
+                          "createdAt": (info.built_at or now()).isoformat()}
+                         for tag, info in tagged.items()])
+
+
+@router.post("/templates/tags")
+async def assign_tags(body: TagsAssign, request: Request) -> JSONResponse:
+    info = await core(request).builds.assign_tags(body.target, body.tags, who(request))
+    return JSONResponse({"tags": list(dict.fromkeys(body.tags)), "buildID": _build_id(info)},
+                        201)
+
+
+@router.delete("/templates/tags")
+async def remove_tags(body: TagsRemove, request: Request) -> Response:
+    await core(request).builds.remove_tags(body.name, body.tags, who(request))
+    return Response(status_code=204)
