@@ -52,6 +52,9 @@ class _Capture:
     # (the VM's last stored capture, per RAM file the byte ranges written since): what may
     # differ from that image, if its manifest is still there
     since: tuple[str, dict[str, list[tuple[int, int]]]] | None = None
+    # a pause's: its resume maps the written file, so the memory the guest freed (zero
+    # pages: holes in the file) goes back to the host (no restore from `UnwrittenRam`)
+    pause: bool = False
 
 
 def _written_since(base: tuple[str, dict] | None, written: dict | None
@@ -188,7 +191,8 @@ class Capturer(Part):
                                        result.pending if result is not None else None, filled,
                                        flatten, since=None if since is None else (
                                            since[0], {name: _byte_ranges(pages)
-                                                      for name, pages in since[1].items()}))
+                                                      for name, pages in since[1].items()}),
+                                       pause=sync)
         vm.last_capture = key if persistent else vm.last_capture
         self._spawn(self.compact_locked(vm))
         machine = describe(vm.machine.spec, vm.cpus, self.cpu)
@@ -248,7 +252,7 @@ class Capturer(Part):
         assert held.pending is not None and held.filled is not None
         pending, filled = held.pending, held.filled
         started = time.monotonic()
-        unwritten = UnwrittenRam.link(self.cache.dir(key), {
+        unwritten = None if held.pause else UnwrittenRam.link(self.cache.dir(key), {
             name: patched.delta for name, patched in pending.files.items()})
         if unwritten is not None:
             self.cache.share(key)  # a restore from it maps its links
