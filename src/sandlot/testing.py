@@ -281,8 +281,9 @@ def remove_networks(instance: str) -> None:
 
 
 def fake_settings(root: Path, **overrides) -> Settings:
-    """Settings whose every path is under `root`, with no warm pool."""
-    overrides = {"pool_size": 0, **overrides}
+    """Settings whose every path is under `root`, with no warm pool and no lazy restore (its
+    spare mount process would outlive an in-process runtime no test stops)."""
+    overrides = {"pool_size": 0, "lazy_restore": False, **overrides}
     return Settings(data_dir=root / "data", images_dir=root / "images", run_root=root / "run",
                     shm_root=root / "shm", accel="tcg", **overrides)
 
