@@ -11,7 +11,7 @@ APT_PACKAGES=(
   skopeo umoci buildah kmod  # sandboxes from OCI images and Dockerfiles (docs/images.md)
   docker-registry musl-tools  # the image tests: a loopback registry, a musl-linked image
   golang-go  # builds the guest agent and init (static, standard library only) for templates
-  gcc libc6-dev  # builds the library QEMU preloads for write tracking (vmm/write_tracking.c)
+  gcc libc6-dev  # builds the library QEMU preloads (vmm/qemu_preload.c)
   fuse3  # lazy restore: an image this host lacks is mounted from the store (runtime/lazy.py)
   chromium  # tests/console: the console in a real headless browser (Playwright drives it)
 )

@@ -256,3 +256,33 @@ def test_guest_ram_is_never_merged_by_the_host():
     backends = [a for a in spec.command() if a.startswith("memory-backend")]
     assert len(backends) == 2 and all(b.endswith(",merge=off") for b in backends)
     assert not any("merge" in a for a in spec.command(host_options=False))
+
+
+ADVISE = """
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+area = mmap.mmap(-1, 4 << 20)
+at = ctypes.addressof(ctypes.c_char.from_buffer(area))
+assert libc.madvise(at, 4 << 20, 14) == 0  # MADV_HUGEPAGE, as QEMU advises guest RAM
+inside = False
+for line in open("/proc/self/smaps"):
+    first = line.split()[0]
+    if "-" in first and ":" not in first:  # a mapping's header: start-end perms ...
+        lo, hi = (int(x, 16) for x in first.split("-"))
+        inside = lo <= at < hi
+    elif line.startswith("VmFlags") and inside:
+        print("hg" in line.split())
+"""
+
+
+@pytest.mark.parametrize("on_demand", [False, True])
+def test_ram_read_on_demand_is_not_advised_huge_pages(on_demand):
+    """A lazily restored VM's RAM (a file served on demand): QEMU's MADV_HUGEPAGE would make
+    every page fault read 4 MiB of it; the preload library skips that advice, and only then."""
+    env = write_tracking.qemu_env(ram_no_hugepage=on_demand)
+    if on_demand and not env:
+        pytest.skip("the preload library cannot be built here (no C compiler)")
+    out = subprocess.run(["qemu-system-test", "-c", ADVISE], executable=sys.executable,
+                         env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(not on_demand)]

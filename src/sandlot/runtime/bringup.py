@@ -193,6 +193,7 @@ class BringUp(Part):
                     base_mb=image.machine.base_mb, cpus=image.machine.cpus, accel=self.accel,
                     cpu_model=self.cpu.arg,
                     ram_path=hot["ram"], ram_share=False,
+                    ram_on_demand=lease is not None and lease.lazy is not None,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 spec = _on_network(spec, net, jail)
                 extra_mb = plan.memory_mb - image.machine.memory_mb

@@ -77,6 +77,7 @@ class MachineSpec:
     cpu_model: str = ""  # "": the accelerator's default (vmm/cpu.py)
     ram_path: Path | None = None  # None: anonymous RAM (cold boot)
     ram_share: bool = False
+    ram_on_demand: bool = False  # the RAM files are read on demand (a lazy mount)
     dimm_mb: int = 0  # hotplugged memory: one pc-dimm
     dimm_path: Path | None = None  # None: anonymous RAM
     incoming: bool = False
@@ -300,7 +301,7 @@ class Machine:
             # A confined QEMU may not open /dev/net/tun: it gets the opened tap.
             fds.append(await asyncio.to_thread(open_tap, spec.jail.netns))
             command = spec.with_(netdev=f"tap,id=net0,fd={fds[0]}").command()
-        env = {**os.environ, **await asyncio.to_thread(qemu_env)}
+        env = {**os.environ, **await asyncio.to_thread(qemu_env, spec.ram_on_demand)}
         log_file = open(spec.run_dir / "qemu.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -5,7 +5,7 @@ the VM stopped makes the pause grow with what changed since the restore (100 MiB
 here). With write tracking the copy runs while the VM runs, and the pause copies only the
 pages written during that copy.
 
-How (Linux 6.7+): a small library preloaded into QEMU (write_tracking.c) opens a userfaultfd
+How (Linux 6.7+): a small library preloaded into QEMU (qemu_preload.c) opens a userfaultfd
 with *asynchronous* write-protection in QEMU's address space. Sandlot takes that descriptor
 (``pidfd_getfd``) and registers the guest RAM mappings on it. ``PAGEMAP_SCAN`` on
 /proc/PID/pagemap then lists the anonymous pages written since the last scan and
@@ -35,10 +35,11 @@ from sandlot.vmm.memory import PAGE, Region
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("write_tracking.c")
+SOURCE = Path(__file__).with_name("qemu_preload.c")
 # Under /usr: the jail's mount namespace shows /usr (read-only) to every confined QEMU.
 LIBRARY_DIR = Path("/usr/local/lib/sandlot")
 ENV = "SANDLOT_WRITE_TRACKING"
+NO_HUGEPAGE_ENV = "SANDLOT_RAM_NO_HUGEPAGE"  # read by the preloaded library (qemu_preload.c)
 
 _SYS_USERFAULTFD = 323  # x86_64
 _SYS_PIDFD_GETFD = 438
@@ -80,27 +81,34 @@ def enabled() -> bool:
     return os.environ.get(ENV, "on").lower() not in ("off", "0", "false", "no")
 
 
-def qemu_env() -> dict[str, str]:
-    """What QEMU's environment needs for tracking its writes (empty: no tracking)."""
-    library = _library_path() if enabled() else None
+def qemu_env(ram_no_hugepage: bool = False) -> dict[str, str]:
+    """What QEMU's environment needs for tracking its writes (where the kernel can) and, if
+    `ram_no_hugepage` (its guest RAM is a file read on demand), for not advising huge pages on
+    that RAM; empty: neither (or the preload library cannot be had)."""
+    env = {}
+    if enabled() and kernel_supports():
+        env[ENV] = "1"
+    if ram_no_hugepage:
+        env[NO_HUGEPAGE_ENV] = "1"
+    library = _library_path() if env else None
     if library is None:
         return {}
-    return {"LD_PRELOAD": str(library), ENV: "1"}
+    return {"LD_PRELOAD": str(library), **env}
 
 
 def _library_path() -> Path | None:
-    """The preload library, compiled once per source (None where it cannot be: no compiler
-    or no kernel support)."""
+    """The preload library, compiled once per source (None where it cannot be: no
+    compiler)."""
     global _library
     with _lock:
         if _library is False:
-            _library = _build() if kernel_supports() else None
+            _library = _build()
         return _library
 
 
 def _build() -> Path | None:
     source = SOURCE.read_bytes()
-    out = LIBRARY_DIR / f"write-tracking-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    out = LIBRARY_DIR / f"qemu-preload-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if _trusted(out):
         return out
     try:
@@ -115,7 +123,7 @@ def _build() -> Path | None:
         tmp.replace(out)
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
-        log.warning("write tracking off: cannot build its QEMU library: %s %s", e,
+        log.warning("QEMU's preload library cannot be built (no write tracking): %s %s", e,
                     detail.decode(errors="replace").strip())
         return None
     return out
