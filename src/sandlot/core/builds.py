@@ -272,6 +272,16 @@ class TemplateBuilds:
             raise NotFoundError(f"build {build_id[:64]!r} of template {name[:64]!r} not found")
         return build
 
+    async def history(self, who: Principal, name: str | None = None) -> list[Build]:
+        """The started builds `who` may see (of template `name`, or all), oldest first; a
+        build this host runs as it is now."""
+        out = []
+        for doc in await self.db.builds(("waiting", "building", "ready", "error")):
+            build = self._builds.get(doc["build_id"]) or Build.from_doc(doc)
+            if who.sees(build.owner) and name in (None, build.name):
+                out.append(build)
+        return out
+
     async def logs(self, build: Build, offset: int, limit: int) -> list[LogLine]:
         """Lines `offset` to `offset + limit` of a build's logs."""
         if self._builds.get(build.build_id) is build:
