@@ -32,6 +32,7 @@ from fastkit import serving
 
 from sandlot.core.builds import Build
 from sandlot.core.models import CreateSandbox, now
+from sandlot.errors import NotFoundError
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
 from sandlot.testing import fake_settings, install_fake_template
@@ -173,3 +174,48 @@ async def test_sandbox_logs(env) -> None:
     for bad in ({"direction": "sideways"}, {"level": "loud"}, {"limit": -1}):
         r = await http.get(f"/v2/sandboxes/{sid}/logs", params=bad)
         assert r.status_code == 400 and set(r.json()) == {"code", "message"}
+
+
+async def test_an_image_pulled_with_a_tenants_login_is_its_own(env) -> None:
+    """The template of an image a build pulled with its own registry login (core's
+    `private_image`) is used by that tenant only, and not listed (it is sandlot's own)."""
+    core, keys, client = env
+    a, b = await core.authenticate(keys["a"]), await core.authenticate(keys["b"])
+    base = core.templates.get("base")
+    await core.templates.put(base.model_copy(update={
+        "name": "image-t0123456789abcdef", "image": "127.0.0.1:1/x@sha256:" + "0" * 64,
+        "owner": a.tenant}))
+    assert (await core.templates.info("image-t0123456789abcdef", a)).owner == a.tenant
+    with pytest.raises(NotFoundError):
+        await core.templates.info("image-t0123456789abcdef", b)
+    for key in "ab":
+        res = await get_templates.asyncio_detailed(client=client[key])
+        assert {t.template_id for t in res.parsed} == {"base"}
+
+
+async def test_build_logs_from_a_time(env) -> None:
+    """E2B's GET /templates/{id}/builds/{build}/logs (cursor, direction, level)."""
+    from e2b.api.client.api.templates import get_templates_template_id_builds_build_id_logs
+    from e2b.api.client.models import TemplateBuildLogsResponse
+
+    core, keys, client = env
+    a = await core.authenticate(keys["a"])
+    build = Build(build_id=str(uuid.uuid4()), name="a-env", owner=a.tenant, cpus=1,
+                  memory_mb=256, tags=["default"], status="error", started=True)
+    for n in range(3):
+        build.log(f"line {n}")
+    build.log("it broke", "error")
+    await core.builds._save(build)
+    call = get_templates_template_id_builds_build_id_logs.asyncio_detailed
+    res = await call("a-env", build.build_id, client=client["a"])
+    assert res.status_code == 200 and isinstance(res.parsed, TemplateBuildLogsResponse)
+    assert [e.message for e in res.parsed.logs] == ["line 0", "line 1", "line 2", "it broke"]
+    res = await call("a-env", build.build_id, client=client["a"], level=LogLevel.ERROR)
+    assert [e.message for e in res.parsed.logs] == ["it broke"]
+    last = int(build.logs[-1].at.timestamp() * 1000)
+    res = await call("a-env", build.build_id, client=client["a"], cursor=last,
+                     direction=LogsDirection.BACKWARD, limit=2)
+    assert [e.message for e in res.parsed.logs][0] == "it broke"
+    assert len(res.parsed.logs) == 2
+    res = await call("a-env", build.build_id, client=client["b"])
+    assert res.status_code == 404  # another key's build

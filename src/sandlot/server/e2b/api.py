@@ -328,22 +328,38 @@ async def sandbox_logs_v2(sandbox_id: str, request: Request, cursor: int | None 
                           ) -> JSONResponse:
     """E2B's v2 logs: from `cursor` (ms since the epoch) `direction` forward (the default)
     or backward, at `level` or above, with `search` in the message."""
+    check_window(direction, level, limit)
+    entries = await _sandbox_log(request, sandbox_id)
+    return JSONResponse({"logs": window(entries, cursor, direction, level, limit, 1000,
+                                        search)})
+
+
+def check_window(direction: str | None, level: str | None, limit: int | None) -> None:
+    """E2B's log query parameters (v2 sandbox logs, build logs), or a 400."""
     if direction not in (None, "forward", "backward"):
         raise InvalidArgumentError(f"invalid direction {direction!r}: forward or backward")
     if level not in (None, *LEVELS):
         raise InvalidArgumentError(f"invalid level {level!r}: one of {', '.join(LEVELS)}")
     if limit is not None and limit < 0:
         raise InvalidArgumentError("limit must be at least 0")
-    entries = await _sandbox_log(request, sandbox_id)
+
+
+def window(entries: list[dict], cursor: int | None, direction: str | None,
+           level: str | None, limit: int | None, most: int,
+           search: str | None = None) -> list[dict]:
+    """Log entries (oldest first) from `cursor` (ms since the epoch) `direction` forward
+    (the default) or backward, at `level` or above, with `search` in the message; at most
+    `limit` (bounded by `most`)."""
     if direction == "backward":
         entries = [e for e in reversed(entries) if cursor is None or _millis(e) <= cursor]
     else:
         entries = [e for e in entries if cursor is None or _millis(e) >= cursor]
     if level:
-        entries = [e for e in entries if LEVELS.index(e["level"]) >= LEVELS.index(level)]
+        entries = [e for e in entries
+                   if LEVELS.index(e["level"]) >= LEVELS.index(level)]
     if search:
         entries = [e for e in entries if search in e["message"]]
-    return JSONResponse({"logs": entries[:1000 if limit is None else limit]})
+    return entries[:most if limit is None else min(limit, most)]
 
 
 @router.delete("/sandboxes/{sandbox_id}")

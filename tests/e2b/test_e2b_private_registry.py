@@ -1,0 +1,105 @@
+"""A template built from an image in a registry that requires a login, with the unmodified
+`e2b` SDK's `Template().from_image(ref, username=, password=)` (E2B's `fromImageRegistry`),
+against a real server and real VMs: without the login (or with a wrong one) the build fails
+saying so in its logs; with it the build succeeds; the login is used for that build's pull
+only (kept nowhere, shown nowhere), and what it pulled is that tenant's alone."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
+
+import imagekit
+from harness import cleanup, make_server
+from sandlot import testing
+
+USER = "builder"
+
+
+def tenant_key(srv, tenant: str) -> str:
+    """A new key of `tenant` (`sandlot keys create`)."""
+    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
+                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory, oci_images):
+    """A registry that answers one login, holding a Debian test image under a digest of its
+    own, and a server that may pull from it (and has no login for it)."""
+    password = "pw-" + secrets.token_hex(8)
+    registry = testing.RegistryServer(tmp_path_factory.mktemp("private-registry"),
+                                      login=(USER, password))
+    registry.start()
+    srv = make_server(tmp_path_factory.mktemp("private"), "priv")
+    try:
+        layout = imagekit.variant(imagekit.debian_layout(), tmp_path_factory.mktemp("img"),
+                                  f"PRIVATE_IMAGE={secrets.token_hex(4)}")
+        ref = imagekit.push(layout, registry, "team/private")
+        manifest = subprocess.run(
+            ["skopeo", "inspect", "--raw", "--tls-verify=false",
+             f"--creds={USER}:{password}", f"docker://{ref}"],
+            capture_output=True, check=True).stdout
+        digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        srv.extra_env.update(registry.env)
+        srv.start()
+        yield {"server": srv, "ref": ref, "password": password,
+               "pinned": f"{registry.host}/team/private@{digest}",
+               "opts": {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
+                        "api_key": tenant_key(srv, "private")}}
+    finally:
+        cleanup(srv)
+        registry.stop()
+
+
+def failed_build(template: Template, name: str, opts: dict) -> tuple[str, list[str]]:
+    logs: list[str] = []
+    with pytest.raises(BuildException) as ei:
+        Template.build(template, name, cpu_count=1, memory_mb=512,
+                       on_build_logs=lambda e: logs.append(str(e.message)), **opts)
+    return str(ei.value), logs
+
+
+def test_a_build_pulls_with_its_own_login(private):
+    ref, password, opts = private["ref"], private["password"], private["opts"]
+    error, logs = failed_build(Template().from_image(ref).run_cmd("true"), "e2b-private",
+                               opts)
+    assert "credentials needed or wrong" in error
+    assert any("credentials needed or wrong" in line for line in logs)
+    error, _ = failed_build(Template().from_image(ref, username=USER, password="wrong")
+                            .run_cmd("true"), "e2b-private", opts)
+    assert "credentials needed or wrong" in error
+
+    logs: list[str] = []
+    template = (Template().from_image(ref, username=USER, password=password)
+                .run_cmd("echo $PRIVATE_IMAGE > /home/user/private.txt"))
+    Template.build(template, "e2b-private", cpu_count=1, memory_mb=512,
+                   on_build_logs=lambda e: logs.append(str(e.message)), **opts)
+    assert any("registry credentials" in line for line in logs)
+    with Sandbox.create("e2b-private", timeout=300, **opts) as sbx:
+        assert sbx.files.read("/home/user/private.txt").strip()
+
+    # the login was for that build: a build without it is refused, the same image pinned by
+    # its digest too, for this tenant and for another
+    error, _ = failed_build(Template().from_image(ref).run_cmd("true"), "e2b-private-2",
+                            opts)
+    assert "credentials needed or wrong" in error
+    other = {**opts, "api_key": tenant_key(private["server"], "others")}
+    for who in (opts, other):
+        error, _ = failed_build(Template().from_image(private["pinned"]).run_cmd("true"),
+                                "e2b-pinned", who)
+        assert "cannot pull" in error or "credentials" in error, error
+    # kept nowhere: not in the server's log, its database or its data dir
+    srv = private["server"]
+    assert password not in srv.log_path.read_text(errors="replace")
+    for path in srv.data_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            assert password.encode() not in path.read_bytes(), path
