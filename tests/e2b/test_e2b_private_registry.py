@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template
@@ -97,9 +98,52 @@ def test_a_build_pulls_with_its_own_login(private):
         error, _ = failed_build(Template().from_image(private["pinned"]).run_cmd("true"),
                                 "e2b-pinned", who)
         assert "cannot pull" in error or "credentials" in error, error
-    # kept nowhere: not in the server's log, its database or its data dir
-    srv = private["server"]
+    assert password_nowhere(private["server"], password)
+
+
+E2B_JS = Path(__file__).resolve().parents[1] / "ts" / "e2b-js"
+JS_BUILD = """
+const [major, minor] = process.versions.node.split(".").map(Number);
+const { Template } = await import(major > 20 || (major === 20 && minor >= 19)
+  ? "e2b" : "e2b/dist/index.mjs");
+const login = { username: process.env.REG_USER, password: process.env.REG_PASSWORD };
+const template = Template().fromImage(process.env.REG_IMAGE, login).runCmd("true");
+try {
+  await Template.build(template, "e2b-private-js", { cpuCount: 1, memoryMB: 512 });
+  console.log("BUILT");
+} catch (e) {
+  console.log("FAILED " + e.message);
+}
+"""
+
+
+def test_the_js_sdk_sends_the_login_too(private):
+    """The e2b npm package's `fromImage(ref, {username, password})`: the same login."""
+    if not (E2B_JS / "node_modules" / "e2b").is_dir():
+        pytest.fail("tests/ts/e2b-js/node_modules is missing: run `make setup`")
+    srv, opts = private["server"], private["opts"]
+
+    def build(password: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDLOT_", "E2B_"))}
+        env.update(NODE_NO_WARNINGS="1", E2B_API_URL=opts["api_url"],
+                   E2B_SANDBOX_URL=opts["sandbox_url"], E2B_API_KEY=opts["api_key"],
+                   REG_USER=USER, REG_PASSWORD=password, REG_IMAGE=private["ref"])
+        out = subprocess.run(["node", "--input-type=module", "-e", JS_BUILD], cwd=E2B_JS,
+                             env=env, capture_output=True, text=True, timeout=1200)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert "credentials needed or wrong" in build("wrong")
+    assert "BUILT" in build(private["password"])
+    assert password_nowhere(srv, private["password"])
+    with Sandbox.create("e2b-private-js", timeout=120, **opts) as sbx:
+        assert sbx.commands.run("echo $PRIVATE_IMAGE").stdout.strip()
+
+
+def password_nowhere(srv, password: str) -> bool:
+    """The login is in neither the server's log, nor its database, nor its data dir."""
     assert password not in srv.log_path.read_text(errors="replace")
     for path in srv.data_dir.rglob("*"):
         if path.is_file() and path.stat().st_size < 64 << 20:
             assert password.encode() not in path.read_bytes(), path
+    return True
