@@ -123,10 +123,11 @@ def _file_hash(path: str) -> str:
 
 
 def push(layout: Path, registry: testing.RegistryServer, repo: str, tag: str = "latest") -> str:
-    """Push a layout to the registry; its reference there."""
+    """Push a layout to the registry (with its login, if it has one); its reference there."""
     ref = f"{registry.host}/{repo}:{tag}"
-    _run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:latest",
-         f"docker://{ref}")
+    login = [f"--dest-creds={':'.join(registry.login)}"] if registry.login else []
+    _run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", *login,
+         f"oci:{layout}:latest", f"docker://{ref}")
     return ref
 
 

@@ -488,6 +488,20 @@ class S3Server:
         except Exception:  # noqa: BLE001 - not up yet
             return False
 
+    def _auth_config(self) -> str:
+        if self.login is None:
+            return ""
+        import warnings  # noqa: PLC0415 - only a registry with a login needs bcrypt
+
+        with warnings.catch_warnings():  # crypt: the C library's bcrypt, no package needed
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt  # noqa: PLC0415
+        user, password = self.login
+        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+        (self.root / "htpasswd").write_text(f"{user}:{hashed}\n")
+        return (f"auth:\n  htpasswd:\n    realm: sandlot-test\n"
+                f"    path: {self.root / 'htpasswd'}\n")
+
     def stop(self) -> None:
         """Stop it and whatever it started (its process group), even if it already exited."""
         _stop_group(self.proc)
@@ -610,11 +624,13 @@ class RegistryServer:
     """A real OCI registry for tests: Debian's `docker-registry` (the CNCF distribution
     registry) on a loopback port, plain HTTP, storing in `root`. Name it in
     `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS. It binds
-    port 0 and its log says which port it got."""
+    port 0 and its log says which port it got. With `login` (user, password) it answers
+    only that login (HTTP basic auth, the registry's htpasswd)."""
 
     root: Path
     port: int = 0  # known once started
     proc: subprocess.Popen | None = None
+    login: tuple[str, str] | None = None
 
     @property
     def host(self) -> str:
@@ -633,7 +649,7 @@ class RegistryServer:
         config.write_text(
             "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n"
             f"    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            "http:\n  addr: 127.0.0.1:0\n")
+            "http:\n  addr: 127.0.0.1:0\n" + self._auth_config())
         log_path = self.root / "registry.log"
         offset = _size(log_path)
         with open(log_path, "ab") as log:
@@ -646,7 +662,8 @@ class RegistryServer:
             if found:
                 self.port = int(found.group(1))
                 try:
-                    if httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 200:
+                    if httpx.get(f"http://{self.host}/v2/", timeout=2,
+                                 auth=self.login).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
@@ -655,6 +672,20 @@ class RegistryServer:
                 self.stop()
                 raise RuntimeError(f"the registry did not come up: {tail}")
             time.sleep(0.2)
+
+    def _auth_config(self) -> str:
+        if self.login is None:
+            return ""
+        import warnings  # noqa: PLC0415 - only a registry with a login needs bcrypt
+
+        with warnings.catch_warnings():  # crypt: the C library's bcrypt, no package needed
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt  # noqa: PLC0415
+        user, password = self.login
+        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+        (self.root / "htpasswd").write_text(f"{user}:{hashed}\n")
+        return (f"auth:\n  htpasswd:\n    realm: sandlot-test\n"
+                f"    path: {self.root / 'htpasswd'}\n")
 
     def stop(self) -> None:
         """Stop it and whatever it started (its process group), even if it already exited."""

@@ -82,7 +82,13 @@ async def test_bad_build_requests_answer_e2b_4xx(api) -> None:
             ({"fromImage": "NOT a ref", "steps": []}, 400, "reference"),
             ({"fromImage": "x", "steps": [{"type": "COPY", "args": ["a", "/a"],
                                            "filesHash": HASH}]}, 400, "not uploaded"),
-            ({"fromImage": "x", "fromImageRegistry": {"type": "aws"}}, 501, "aws")):
+            ({"fromImage": "x", "fromImageRegistry": {"type": "aws"}}, 501, "aws"),
+            ({"fromImage": "x", "fromImageRegistry": {"type": "gcp"}}, 501, "GCP's API"),
+            ({"fromImage": "x", "fromImageRegistry": {"type": "ftp"}}, 400, "unknown"),
+            ({"fromImage": "x", "fromImageRegistry": {"type": "registry", "username": "u"}},
+             400, "username and a password"),
+            ({"fromImage": "x", "fromImageRegistry": {"type": "registry", "username": "a:b",
+                                                      "password": "p"}}, 400, "without ':'")):
         r = await call("POST", start, json=body)
         assert r.status_code == status, (body, r.text)
         assert words in r.json()["message"]

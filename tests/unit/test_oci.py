@@ -183,3 +183,40 @@ async def test_an_image_template_of_another_sandlot_is_rebuilt(tmp_path, monkeyp
     monkeypatch.setattr(templates, "image_template_current", lambda info, digest, images: True)
     assert (await store.image_source("reg:5000/app:1")).template == name
     assert len(built) == 1
+
+
+def test_a_login_file_holds_one_login_for_its_block() -> None:
+    import base64
+    import os
+    import stat
+
+    ref = oci.parse_reference("127.0.0.1:5000/team/app:1")
+    with oci.login_file(ref, "builder", "pa:ss") as path:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        auths = json.loads(Path(path).read_text())["auths"]
+        assert list(auths) == ["127.0.0.1:5000"]
+        assert base64.b64decode(auths["127.0.0.1:5000"]["auth"]) == b"builder:pa:ss"
+        flags = oci.Access.from_env(auth_file=path).flags(ref, "src")
+        assert f"--src-authfile={path}" in flags and not any("pa:ss" in f for f in flags)
+    assert not os.path.exists(path)
+    with oci.login_file(oci.parse_reference("python"), "u", "p") as path:
+        assert list(json.loads(Path(path).read_text())["auths"]) == ["docker.io"]
+
+
+def test_a_pinned_reference_is_looked_up_when_verified(monkeypatch) -> None:
+    import hashlib
+
+    manifest = b'{"schemaVersion": 2}'
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    asked: list[list[str]] = []
+
+    def skopeo(args, ref, access):
+        asked.append(args)
+        return manifest
+    monkeypatch.setattr(oci, "_skopeo", skopeo)
+    ref = oci.parse_reference(f"127.0.0.1:5000/app@{digest}")
+    assert oci.resolve(ref, oci.Access()) is ref and asked == []
+    assert oci.resolve(ref, oci.Access(), verify=True).digest == digest
+    assert asked[-1][-1] == f"docker://127.0.0.1:5000/app@{digest}"
+    with pytest.raises(ImageError, match="another digest"):
+        oci.resolve(ref.at(DIGEST), oci.Access(), verify=True)

@@ -31,6 +31,8 @@ UNSCOPED = {
     # template builds' names and uploads: tests/unit/test_e2b_template_requests.py
     ("POST", "/e2b/v3/templates"), ("GET", "/e2b/templates/aliases/{alias}"),
     ("PUT", "/e2b/template-uploads/{token}"),
+    # template listings, the caller's templates only: tests/unit/test_e2b_listings.py
+    ("GET", "/e2b/templates"), ("GET", "/e2b/v2/templates"),
     # tags name their template in the body: tests/unit/test_e2b_template_tags.py
     ("POST", "/e2b/templates/tags"), ("DELETE", "/e2b/templates/tags"),
     # Dockerfile builds by name: tests/unit/test_dockerfile_builds.py

@@ -72,6 +72,15 @@ STEPS_VERSION = "1"  # bump when the steps run differently for the same input
 
 
 @dataclass(frozen=True)
+class RegistryLogin:
+    """Credentials for the registry of one build's base image (E2B's ``fromImageRegistry``):
+    used for that build's pull only, kept in memory for its length, never saved or shown."""
+
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class BuildSpec:
     """What a build makes: a base (an image reference, or a template the builder may use)
     and steps on it."""
@@ -82,6 +91,7 @@ class BuildSpec:
     force: bool = False  # rebuild every step
     start_cmd: str | None = None
     ready_cmd: str | None = None
+    login: RegistryLogin | None = None  # for `image`'s registry
 
 
 @dataclass
@@ -271,6 +281,16 @@ class TemplateBuilds:
                 or not who.sees(build.owner):
             raise NotFoundError(f"build {build_id[:64]!r} of template {name[:64]!r} not found")
         return build
+
+    async def history(self, who: Principal, name: str | None = None) -> list[Build]:
+        """The started builds `who` may see (of template `name`, or all), oldest first; a
+        build this host runs as it is now."""
+        out = []
+        for doc in await self.db.builds(("waiting", "building", "ready", "error")):
+            build = self._builds.get(doc["build_id"]) or Build.from_doc(doc)
+            if who.sees(build.owner) and name in (None, build.name):
+                out.append(build)
+        return out
 
     async def logs(self, build: Build, offset: int, limit: int) -> list[LogLine]:
         """Lines `offset` to `offset + limit` of a build's logs."""
@@ -548,6 +568,14 @@ class TemplateBuilds:
             origin = f"template {parent.name}"
             base_id = f"{origin} {parent.hash} {parent.snapshot_id}"
             create = CreateSandbox(template=parent.name)
+        elif spec.login is not None:  # the tenant's own credentials: a pull of its own
+            ref = oci.parse_reference(spec.image or "")
+            with oci.login_file(ref, spec.login.username, spec.login.password) as path:
+                name, pinned = await self.templates.private_image(
+                    ref, oci.Access.from_env(auth_file=path), who)
+            build.log(f"Base {pinned.pinned}: pulled with the build's registry credentials")
+            origin, base_id = pinned.pinned, f"{pinned.pinned} {who.tenant}"
+            create = CreateSandbox(template=name)
         else:
             access = oci.Access.from_env()
             pinned = await asyncio.to_thread(oci.resolve,

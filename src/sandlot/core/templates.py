@@ -234,7 +234,32 @@ class TemplateStore:
         self._image_names[ref.text] = name
         return source
 
-    async def _build_image(self, ref: oci.Reference, name: str, access: oci.Access) -> None:
+    async def private_image(self, ref: oci.Reference, access: oci.Access,
+                            who: Principal) -> tuple[str, oci.Reference]:
+        """The template of an image pulled with a tenant's own registry credentials (in
+        `access`, for one build): the registry is asked with them every time (a pinned
+        reference too), and the pull and its template are that tenant's alone: never the
+        shared `image-<digest>` template, nor a pull another create could find by digest.
+        Returns the template's name and the reference pinned."""
+        pinned = await asyncio.to_thread(oci.resolve, ref, access, True)
+        assert pinned.digest
+        key = hashlib.sha256(f"{who.tenant}\0{pinned.digest}".encode()).hexdigest()[:16]
+        name = f"{IMAGE_TEMPLATE_PREFIX}t{key}"
+        with contextlib.suppress(NotFoundError):
+            info = await self.info(name)
+            if info.owner == who.tenant and await asyncio.to_thread(
+                    image_template_current, info, pinned.digest, self.root):
+                return name, pinned
+        layout = self.root / "oci" / f".private-{secrets.token_hex(8)}"
+        try:
+            await self._build_image(pinned, name, access, layout)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, layout, True)
+        await self.put(self.get(name).model_copy(update={"owner": who.tenant}))
+        return name, pinned
+
+    async def _build_image(self, ref: oci.Reference, name: str, access: oci.Access,
+                           layout: Path | None = None) -> None:
         loop = asyncio.get_running_loop()
         runtime = self.runtime
         if runtime is None:
@@ -245,7 +270,7 @@ class TemplateStore:
 
         await asyncio.to_thread(pull_image_template, ref.pinned, name, settings=self.settings,
                                 access=access, quiet=True, runtime=lambda _: runtime,
-                                run=on_loop)
+                                run=on_loop, layout=layout)
 
     async def source(self, name: str, who: Principal) -> Source:
         """A template `who` may use, as a restore source."""
@@ -271,7 +296,7 @@ def visible(info: TemplateInfo, who: Principal) -> bool:
     if who.admin:
         return True
     if info.name.startswith(IMAGE_TEMPLATE_PREFIX) and info.image:
-        return False
+        return info.owner == who.tenant  # an image pulled with a tenant's own credentials
     return info.owner is None or info.owner == who.tenant
 
 
@@ -487,16 +512,17 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
                         cpus: int = 1, disk_mb: int | None = None, force: bool = False,
                         quiet: bool = False, step: Step | None = None,
                         runtime: Callable[[Settings], Runtime] = _qemu_runtime,
-                        run: Callable[[Coroutine], Any] = asyncio.run) -> TemplateInfo:
+                        run: Callable[[Coroutine], Any] = asyncio.run,
+                        layout: Path | None = None) -> TemplateInfo:
     """A template from an image in a registry: the reference pinned to its digest now,
-    pulled once (kept by digest under images/oci/), built once per digest. `name` defaults to
-    `image_template_name`. ImageError for a bad reference or a refusing registry,
-    ImageNotFoundError for an image the registry does not have."""
+    pulled once (kept by digest under images/oci/, or into `layout`), built once per digest.
+    `name` defaults to `image_template_name`. ImageError for a bad reference or a refusing
+    registry, ImageNotFoundError for an image the registry does not have."""
     access = access or oci.Access.from_env()
     ref = oci.parse_reference(reference)
     with (contextlib.nullcontext(step) if step else _progress(f"image {reference}", quiet)
           ) as step:
-        layout, pinned = _pull(ref, settings, access, step)
+        layout, pinned = _pull(ref, settings, access, step, layout)
         assert pinned.digest
         return build_image_template(layout, pinned.digest,
                                     name or image_template_name(pinned),
@@ -507,12 +533,13 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
 
 
 def _pull(ref: oci.Reference, settings: Settings, access: oci.Access,
-          step: Step) -> tuple[Path, oci.Reference]:
-    """The image `ref` names now, in an OCI layout of this host (pulled once per digest)."""
+          step: Step, layout: Path | None = None) -> tuple[Path, oci.Reference]:
+    """The image `ref` names now, in an OCI layout of this host (pulled once per digest),
+    or in `layout`."""
     step(f"resolving {ref.text}")
     pinned = oci.resolve(ref, access)
     assert pinned.digest
-    layout = settings.images / "oci" / pinned.digest.removeprefix("sha256:")
+    layout = layout or settings.images / "oci" / pinned.digest.removeprefix("sha256:")
     if not (layout / "index.json").exists():
         step(f"pulling {pinned.pinned}")
     oci.pull(pinned, layout, access)

@@ -14,6 +14,8 @@ whatever the reason: a closed port, a service that is not a registry, a policy r
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,7 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,14 +184,35 @@ def _skopeo(args: list[str], ref: Reference, access: Access) -> bytes:
     raise ImageError(f"cannot fetch image {ref.text!r}: {msg}")
 
 
-def resolve(ref: Reference, access: Access) -> Reference:
-    """`ref` pinned to the digest its tag points at now (unchanged if already pinned)."""
-    if ref.digest:
+def resolve(ref: Reference, access: Access, verify: bool = False) -> Reference:
+    """`ref` pinned to the digest its tag points at now (unchanged if already pinned, and
+    then not looked up unless `verify`: the registry is asked for it with `access`)."""
+    if ref.digest and not verify:
         return ref
-    target = f"docker://{ref.text}"
+    target = f"docker://{ref.pinned if ref.digest else ref.text}"
     # The manifest (or index) as the registry serves it: its digest is the image's.
     out = _skopeo(["inspect", "--raw", *access.flags(ref, ""), target], ref, access)
-    return ref.at("sha256:" + hashlib.sha256(out).hexdigest())
+    digest = "sha256:" + hashlib.sha256(out).hexdigest()
+    if ref.digest and digest != ref.digest:
+        raise ImageError(f"image {ref.text!r}: its registry served another digest, {digest}")
+    return ref.at(digest)
+
+
+@contextlib.contextmanager
+def login_file(ref: Reference, username: str, password: str) -> Iterator[str]:
+    """An auth file (containers-auth.json, mode 0600) holding one login for `ref`'s
+    registry, for the length of the block: credentials given with one pull are never put on
+    a command line, and are gone after it."""
+    host = ref.host or "docker.io"
+    auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+    fd, path = tempfile.mkstemp(prefix="sandlot-login-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"auths": {host: {"auth": auth}}}, f)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def pull(ref: Reference, layout: Path, access: Access) -> Path:

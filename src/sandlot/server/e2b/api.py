@@ -17,7 +17,14 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandlot.core.models import CreateSandbox, NetworkSpec, SandboxRecord, SnapshotState, now
+from sandlot.core.models import (
+    CreateSandbox,
+    NetworkSpec,
+    SandboxRecord,
+    SandboxState,
+    SnapshotState,
+    now,
+)
 from sandlot.errors import (
     AuthenticationError,
     ConflictError,
@@ -270,6 +277,91 @@ async def sandbox_metrics(sandbox_id: str, request: Request, start: int | None =
     return JSONResponse([convert.metric(m) for m in c.usage.history(sandbox_id, start, end)])
 
 
+LEVELS = ("debug", "info", "warn", "error")
+
+
+async def _sandbox_log(request: Request, sandbox_id: str) -> list[dict]:
+    """E2B's ``SandboxLogEntry`` list of what sandlot keeps of a sandbox (its record, and the
+    snapshot its pause is kept in): how it started, its pause, why it failed; oldest first."""
+    c, caller = core(request), who(request)
+    rec = await c.sandboxes.get(sandbox_id, caller)
+    fields = {"sandboxID": rec.sandbox_id, "templateID": convert.template_id(rec),
+              "logger": "sandlot"}
+    origin = (f"forked from sandbox {rec.forked_from}" if rec.forked_from else
+              f"restored from snapshot {rec.snapshot_id}" if rec.snapshot_id else
+              f"started from template {rec.template}")
+    out = [(rec.created_at, "info", f"Sandbox {rec.sandbox_id} {origin} "
+            f"({rec.cpus} vCPU, {rec.memory_mb} MiB)")]
+    if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
+        try:
+            snap = await c.snapshots.get(rec.paused_snapshot, caller)
+            out.append((snap.created_at, "info", f"Sandbox {rec.sandbox_id} paused"))
+        except NotFoundError:
+            pass
+    if rec.error:
+        out.append((max(t for t, _, _ in out), "error", f"Sandbox {rec.sandbox_id} failed: "
+                    f"{rec.error}"))
+    return [{"timestamp": convert.rfc3339(t), "level": level, "message": message,
+             "fields": fields} for t, level, message in out]
+
+
+def _millis(entry: dict) -> int:
+    return int(datetime.fromisoformat(entry["timestamp"]).timestamp() * 1000)
+
+
+@router.get("/sandboxes/{sandbox_id}/logs")
+async def sandbox_logs(sandbox_id: str, request: Request, start: int | None = None,
+                       limit: int | None = None) -> JSONResponse:
+    """E2B's v1 logs: the entries from `start` (ms since the epoch), at most `limit`."""
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError("limit must be at least 0")
+    entries = [e for e in await _sandbox_log(request, sandbox_id)
+               if start is None or _millis(e) >= start][:1000 if limit is None else limit]
+    return JSONResponse({"logs": [{"timestamp": e["timestamp"], "line": e["message"]}
+                                  for e in entries], "logEntries": entries})
+
+
+@router.get("/v2/sandboxes/{sandbox_id}/logs")
+async def sandbox_logs_v2(sandbox_id: str, request: Request, cursor: int | None = None,
+                          limit: int | None = None, direction: str | None = None,
+                          level: str | None = None, search: str | None = None
+                          ) -> JSONResponse:
+    """E2B's v2 logs: from `cursor` (ms since the epoch) `direction` forward (the default)
+    or backward, at `level` or above, with `search` in the message."""
+    check_window(direction, level, limit)
+    entries = await _sandbox_log(request, sandbox_id)
+    return JSONResponse({"logs": window(entries, cursor, direction, level, limit, 1000,
+                                        search)})
+
+
+def check_window(direction: str | None, level: str | None, limit: int | None) -> None:
+    """E2B's log query parameters (v2 sandbox logs, build logs), or a 400."""
+    if direction not in (None, "forward", "backward"):
+        raise InvalidArgumentError(f"invalid direction {direction!r}: forward or backward")
+    if level not in (None, *LEVELS):
+        raise InvalidArgumentError(f"invalid level {level!r}: one of {', '.join(LEVELS)}")
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError("limit must be at least 0")
+
+
+def window(entries: list[dict], cursor: int | None, direction: str | None,
+           level: str | None, limit: int | None, most: int,
+           search: str | None = None) -> list[dict]:
+    """Log entries (oldest first) from `cursor` (ms since the epoch) `direction` forward
+    (the default) or backward, at `level` or above, with `search` in the message; at most
+    `limit` (bounded by `most`)."""
+    if direction == "backward":
+        entries = [e for e in reversed(entries) if cursor is None or _millis(e) <= cursor]
+    else:
+        entries = [e for e in entries if cursor is None or _millis(e) >= cursor]
+    if level:
+        entries = [e for e in entries
+                   if LEVELS.index(e["level"]) >= LEVELS.index(level)]
+    if search:
+        entries = [e for e in entries if search in e["message"]]
+    return entries[:most if limit is None else min(limit, most)]
+
+
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill_sandbox(sandbox_id: str, request: Request) -> Response:
     await e2b_state(request).lifecycle.kill(sandbox_id, who(request))
@@ -404,13 +496,13 @@ async def delete_template(template_id: str, request: Request) -> Response:
 
 UNSUPPORTED = (
     ("/templates", "sandlot serves template builds (Template.build, build_in_background, "
-                   "get_build_status, exists), tags (assign_tags, remove_tags, get_tags) and "
-                   "delete; template listings and updates are not served (a template is used "
-                   "by its name)"),
+                   "get_build_status, exists), tags (assign_tags, remove_tags, get_tags), "
+                   "listings (GET /templates, /templates/{id}) and delete; template updates "
+                   "(public templates, PATCH) are not served: a template is the operator's "
+                   "(shared) or its tenant's"),
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
-    ("/logs", "sandlot does not keep sandbox logs; read them with commands.run()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
              "resume, fork, create_snapshot, list_snapshots, delete_snapshot, "

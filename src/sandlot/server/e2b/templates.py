@@ -7,6 +7,9 @@ hands back is the template's name: `Sandbox.create(name)` starts from it.
     PUT  /template-uploads/{token}                       the upload itself (no key: the link)
     POST /v2/templates/{id}/builds/{build}               start it with the steps (202)
     GET  /templates/{id}/builds/{build}/status           status, logs from logsOffset
+    GET  /templates/{id}/builds/{build}/logs             logs from a time (cursor)
+    GET  /templates, /v2/templates                       the templates the key may use
+    GET  /templates/{id}                                 one, with its builds
     GET  /templates/aliases/{alias}                      exists (403: another team's)
     GET  /templates/{id}/tags                            a template's tags and their builds
     POST /templates/tags                                 tags pointed at a build (201)
@@ -16,24 +19,36 @@ hands back is the template's name: `Sandbox.create(name)` starts from it.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from sandlot.core.builds import Build, BuildSpec, TemplateBuilds
+from sandlot.core.builds import MAX_LOG_LINES, Build, BuildSpec, RegistryLogin, TemplateBuilds
 from sandlot.core.models import TemplateInfo, now
-from sandlot.errors import InvalidArgumentError
+from sandlot.core.templates import DEFAULT_TAG, IMAGE_TEMPLATE_PREFIX
+from sandlot.errors import InvalidArgumentError, NotFoundError
 from sandlot.images import steps
 from sandlot.server.auth import who
 from sandlot.server.deps import core
-from sandlot.server.e2b.api import PREFIX, Body, E2BRoute, require_e2b_key
+from sandlot.server.e2b.api import (
+    PREFIX,
+    Body,
+    E2BRoute,
+    _page,
+    check_window,
+    require_e2b_key,
+    window,
+)
+from sandlot.server.e2b.convert import ENVD_VERSION, rfc3339
 from sandlot.server.e2b.errors import Unsupported
 
 router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
                    dependencies=[Depends(require_e2b_key)], include_in_schema=False)
 upload_router = APIRouter(prefix=PREFIX, route_class=E2BRoute, include_in_schema=False)
 MAX_LOG_PAGE = 100
+MAX_LOGIN = 4096  # a registry token (a JWT) is long, but not longer
 
 
 class BuildRequest(Body):
@@ -76,16 +91,36 @@ def _spec(body: BuildStart) -> BuildSpec:
         template, image = "base", None  # E2B's base image: sandlot's default template
     if not template and not image:
         raise InvalidArgumentError("fromImage or fromTemplate is required")
-    if body.from_image_registry:
-        kind = str(body.from_image_registry.get("type") or "registry")[:32]
-        raise Unsupported(f"sandlot pulls with the server's registry credentials (set by its "
-                          f"operator); {kind!r} credentials given with a build are not "
-                          "supported")
     return BuildSpec(image=image, template=template, steps=steps.parse_steps(body.steps),
                      force=bool(body.force) or any(isinstance(s, dict) and s.get("force")
                                                    for s in body.steps),
                      start_cmd=body.start_cmd,
-                     ready_cmd=body.ready_cmd)
+                     ready_cmd=body.ready_cmd,
+                     login=_login(body.from_image_registry) if image else None)
+
+
+def _login(registry: dict | None) -> RegistryLogin | None:
+    """E2B's ``fromImageRegistry``: a registry's username and password, for this build's
+    pull only. AWS's and GCP's need those clouds' APIs (a token from an access key or a
+    service account): 501."""
+    if not registry:
+        return None
+    kind = registry.get("type") or "registry"
+    if kind in ("aws", "gcp"):
+        raise Unsupported(f"{kind!r} registry credentials need {kind.upper()}'s API to turn "
+                          "them into a registry login, which sandlot does not call; give the "
+                          "registry's username and password (from_image(ref, username=, "
+                          "password=)), e.g. a token the cloud's CLI printed")
+    if kind != "registry":
+        raise InvalidArgumentError(f"unknown fromImageRegistry type {str(kind)[:32]!r}: "
+                                   "registry, aws or gcp")
+    user, password = registry.get("username"), registry.get("password")
+    if not (isinstance(user, str) and isinstance(password, str) and user and password):
+        raise InvalidArgumentError("fromImageRegistry needs a username and a password")
+    if len(user) > MAX_LOGIN or len(password) > MAX_LOGIN or ":" in user:
+        raise InvalidArgumentError(f"fromImageRegistry: a username without ':' and a "
+                                   f"password, each at most {MAX_LOGIN} characters")
+    return RegistryLogin(user, password)
 
 
 def _build_id(info: TemplateInfo) -> str:
@@ -163,6 +198,19 @@ async def build_status(template_id: str, build_id: str, request: Request,
 
 
 
+@router.get("/templates/{template_id}/builds/{build_id}/logs")
+async def build_logs(template_id: str, build_id: str, request: Request,
+                     cursor: int | None = None, limit: int | None = None,
+                     direction: str | None = None, level: str | None = None) -> JSONResponse:
+    """E2B's build logs: from `cursor` (ms since the epoch), forward or backward."""
+    check_window(direction, level, limit)
+    builds = core(request).builds
+    build = await builds.get(template_id, build_id, who(request))
+    entries = [_entry(e) for e in await builds.logs(build, 0, MAX_LOG_LINES)]
+    return JSONResponse({"logs": window(entries, cursor, direction, level, limit,
+                                        MAX_LOG_PAGE)})
+
+
 @router.get("/templates/{template_id}/tags")
 async def list_tags(template_id: str, request: Request) -> JSONResponse:
     tagged = await core(request).builds.tags(template_id, who(request))
@@ -182,3 +230,95 @@ async def assign_tags(body: TagsAssign, request: Request) -> JSONResponse:
 async def remove_tags(body: TagsRemove, request: Request) -> Response:
     await core(request).builds.remove_tags(body.name, body.tags, who(request))
     return Response(status_code=204)
+
+
+# ---- listings ---------------------------------------------------------------------------
+
+
+def _template(name: str, info: TemplateInfo | None, builds: list[Build],
+              disk_mb: int) -> dict:
+    """E2B's ``Template``: a template `info` (None: one whose first build has not finished,
+    described by its latest build) and its builds (oldest first)."""
+    last = builds[-1] if builds else None
+    made = (info.built_at if info else None) or (last.created_at if last else now())
+    first = builds[0].created_at if builds else made
+    return {"templateID": name, "buildID": _build_id(info) if info else last.build_id,
+            "cpuCount": info.cpus if info else last.cpus,
+            "memoryMB": info.memory_mb if info else last.memory_mb,
+            "diskSizeMB": disk_mb, "public": bool(info and info.owner is None),
+            "aliases": [name], "names": [name], "createdAt": rfc3339(min(first, made)),
+            "updatedAt": rfc3339(made), "createdBy": None, "lastSpawnedAt": None,
+            "spawnCount": 0, "buildCount": max(len(builds), 1), "envdVersion": ENVD_VERSION,
+            "buildStatus": "ready" if info else last.status}
+
+
+def _build(build: Build, info: TemplateInfo | None, disk_mb: int) -> dict:
+    """E2B's ``TemplateBuild``."""
+    done = info.built_at if info is not None and info.built_at else None
+    out = {"buildID": build.build_id, "status": build.status,
+           "createdAt": rfc3339(build.created_at), "updatedAt": rfc3339(done or build.created_at),
+           "cpuCount": build.cpus, "memoryMB": build.memory_mb, "diskSizeMB": disk_mb,
+           "envdVersion": ENVD_VERSION}
+    if done is not None:
+        out["finishedAt"] = rfc3339(done)
+    return out
+
+
+async def _templates(request: Request) -> list[tuple[dict, datetime]]:
+    c, caller = core(request), who(request)
+    disk_mb = c.settings.disk_quota_mb
+    builds: dict[str, list[Build]] = {}
+    for b in await c.builds.history(caller):
+        builds.setdefault(b.name, []).append(b)
+    out = []
+    for info in await c.templates.listing(caller):
+        if info.name.startswith(IMAGE_TEMPLATE_PREFIX):
+            continue  # sandlot's own: the templates of images creates and builds pulled
+        out.append(_template(info.name, info, builds.pop(info.name, []), disk_mb))
+    for name, of_name in builds.items():  # builds of names not (yet, or no longer) built
+        if of_name[-1].status != "ready":
+            out.append(_template(name, None, of_name, disk_mb))
+    return [(t, datetime.fromisoformat(t["createdAt"])) for t in out]
+
+
+@router.get("/templates")
+async def list_templates(request: Request) -> JSONResponse:
+    """The templates the key may use: the operator's (public) and its tenant's own."""
+    return JSONResponse([t for t, _ in await _templates(request)])
+
+
+@router.get("/v2/templates")
+async def list_templates_v2(request: Request, limit: int | None = None) -> JSONResponse:
+    page, headers = _page(await _templates(request), lambda ta: (ta[1], ta[0]["templateID"]),
+                          limit, request.query_params.get("nextToken"))
+    return JSONResponse([t for t, _ in page], headers=headers)
+
+
+@router.get("/templates/{template_id}")
+async def get_template(template_id: str, request: Request,
+                       limit: int | None = None) -> JSONResponse:
+    """E2B's ``TemplateWithBuilds``: the template and its builds, newest first."""
+    c, caller = core(request), who(request)
+    disk_mb = c.settings.disk_quota_mb
+    name = template_id.partition(":")[0]
+    try:
+        tagged = await c.builds.tags(name, caller)
+    except NotFoundError:
+        tagged = {}
+    builds = await c.builds.history(caller, name)
+    if not tagged and not builds:
+        raise NotFoundError(f"template {name[:64]!r} not found")
+    by_id = {_build_id(i): i for i in tagged.values()}
+    rows = [(_build(b, by_id.pop(b.build_id, None), disk_mb), b.created_at, b.build_id)
+            for b in builds]
+    for build_id, info in by_id.items():  # builds without a record (the operator's)
+        made = info.built_at or now()
+        rows.append(({"buildID": build_id, "status": "ready", "createdAt": rfc3339(made),
+                      "updatedAt": rfc3339(made), "finishedAt": rfc3339(made),
+                      "cpuCount": info.cpus, "memoryMB": info.memory_mb,
+                      "diskSizeMB": disk_mb, "envdVersion": ENVD_VERSION}, made, build_id))
+    page, headers = _page(rows, lambda r: (r[1], r[2]), limit,
+                          request.query_params.get("nextToken"))
+    head = _template(name, tagged.get(DEFAULT_TAG) or next(iter(tagged.values()), None),
+                     builds, disk_mb)
+    return JSONResponse(head | {"builds": [r[0] for r in page]}, headers=headers)
