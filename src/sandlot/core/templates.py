@@ -108,9 +108,6 @@ class TemplateStore:
     async def info(self, name: str, who: Principal = SYSTEM) -> TemplateInfo:
         """A template by name that `who` may use: this host's, else the store's (then
         remembered here)."""
-        base, _, tag = (name or "").partition(":")
-        if not NAME_RE.fullmatch(base) or (tag and not NAME_RE.fullmatch(tag)):
-            raise NotFoundError(f"template {name[:64]!r} not found")  # never looked up
         info = await self.current(name)
         if not visible(info, who):
             raise NotFoundError(f"template {name!r} not found")
@@ -121,17 +118,15 @@ class TemplateStore:
         store's record of a template built through the API (remembered here when it differs:
         a rebuild on another host), else this host's index, else the store's. `name:tag`
         names a tagged build (E2B's tags; `name:default` is `name`)."""
-        name = name.removesuffix(":" + DEFAULT_TAG) if name else name
         base, _, tag = (name or "").partition(":")
-        if tag:
-            if not (NAME_RE.fullmatch(base) and NAME_RE.fullmatch(tag)):
-                raise NotFoundError(f"template {name[:64]!r} not found")
+        if not NAME_RE.fullmatch(base) or (tag and not NAME_RE.fullmatch(tag)):
+            raise NotFoundError(f"template {name[:64]!r} not found")  # never looked up
+        name = base if tag == DEFAULT_TAG else name
+        if tag and tag != DEFAULT_TAG:
             row = await self.db.get_template(name) if self.db is not None else None
             if row is None or row.doc is None:
                 raise NotFoundError(f"template {base!r} has no build tagged {tag!r}")
             return TemplateInfo.model_validate(row.doc)
-        if not NAME_RE.fullmatch(name or ""):
-            raise NotFoundError(f"template {name[:64]!r} not found")
         row = await self.db.get_template(name) if self.db is not None else None
         if row is not None:
             try:
