@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sandlot.config import Settings
+from sandlot.core.templates import registry_access
 from sandlot.errors import ImageError
 from sandlot.images import dockerfile, oci
 from sandlot.images.imagefs import resolve_user
@@ -42,7 +44,9 @@ def test_pinned_and_insecure(monkeypatch) -> None:
     ref = oci.parse_reference("127.0.0.1:5000/app:1").at(DIGEST)
     assert ref.pinned == f"127.0.0.1:5000/app@{DIGEST}"
     monkeypatch.setenv(oci.INSECURE_ENV, "127.0.0.1:5000, other:1")
-    access = oci.Access.from_env(creds="u:p")
+    access = registry_access(Settings.from_env())
+    assert access.insecure == {"127.0.0.1:5000", "other:1"}
+    access = oci.Access.of(access.insecure, creds="u:p")
     assert access.is_insecure(ref)
     assert access.flags(ref, "src") == ["--src-tls-verify=false", "--src-creds=u:p"]
     hub = oci.parse_reference("python")

@@ -44,7 +44,13 @@ from sandlot.core.models import (
     TemplateInfo,
     now,
 )
-from sandlot.core.templates import DEFAULT_TAG, IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
+from sandlot.core.templates import (
+    DEFAULT_TAG,
+    IMAGE_TEMPLATE_PREFIX,
+    TemplateStore,
+    registry_access,
+    visible,
+)
 from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
@@ -558,7 +564,7 @@ class TemplateBuilds:
             base_id = f"{origin} {parent.hash} {parent.snapshot_id}"
             create = CreateSandbox(template=parent.name)
         else:
-            access = oci.Access.from_env()
+            access = registry_access(self.settings)
             pinned = await asyncio.to_thread(oci.resolve,
                                              oci.parse_reference(spec.image or ""), access)
             origin = base_id = pinned.pinned

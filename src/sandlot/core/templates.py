@@ -197,7 +197,7 @@ class TemplateStore:
         use (by digest: the reference is resolved each time, unless pinned). Builds run in a
         thread (pull, unpack, mkfs) and boot on this server's runtime; concurrent creates of
         one image share one build."""
-        access = oci.Access.from_env()
+        access = registry_access(self.settings)
         ref = oci.parse_reference(reference)
         try:
             pinned = await asyncio.to_thread(oci.resolve, ref, access)
@@ -257,6 +257,12 @@ class TemplateStore:
         self._remember(info)
         if self.db is not None:
             await self.db.put_template(info.name, info.model_dump(mode="json"))
+
+
+def registry_access(settings: Settings) -> oci.Access:
+    """How this server's image pulls reach registries (its settings)."""
+    return oci.Access.of(settings.insecure_registries, None, settings.registry_auth_file,
+                         settings.registries)
 
 
 def visible(info: TemplateInfo, who: Principal) -> bool:
@@ -487,7 +493,7 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
     pulled once (kept by digest under images/oci/), built once per digest. `name` defaults to
     `image_template_name`. ImageError for a bad reference or a refusing registry,
     ImageNotFoundError for an image the registry does not have."""
-    access = access or oci.Access.from_env()
+    access = access or registry_access(settings)
     ref = oci.parse_reference(reference)
     with (contextlib.nullcontext(step) if step else _progress(f"image {reference}", quiet)
           ) as step:
@@ -524,7 +530,7 @@ def dockerfile_template(dockerfile: Path, context: Path | None, name: str, *,
     """A template from a Dockerfile (`context` defaults to its folder): built by buildah,
     each step cached, then made a template like any image (by its image id).
     BuildStepError for an instruction that fails (with its output)."""
-    access = access or oci.Access.from_env()
+    access = access or registry_access(settings)
     build_args = dict(build_args or {})
     context = context or dockerfile.parent
     if not NAME_RE.match(name):
@@ -542,7 +548,7 @@ def dockerfile_template(dockerfile: Path, context: Path | None, name: str, *,
         prepared = dockerfile_mod.prepare(text, build_args, pull)
         for warning in prepared.warnings:
             warn(warning)
-        buildah = dockerfile_mod.Buildah(settings.images / "buildah")
+        buildah = dockerfile_mod.Buildah(settings.images / "buildah", settings.buildah_driver)
         image_id = buildah.build(prepared.text, context, build_args, step)
         layout = buildah.push(image_id, settings.images / "oci" /
                               ("built-" + image_id.removeprefix("sha256:")))
@@ -616,6 +622,7 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
     TemplateStore(Settings.from_env(data_dir)).remove(name)
 
 
-__all__ = ["TemplateStore", "build_template", "build_image_template", "pull_image_template",
+__all__ = ["TemplateStore", "registry_access", "build_template", "build_image_template",
+           "pull_image_template",
            "dockerfile_template",
            "list_templates", "remove_template", "collect_garbage"]

@@ -193,6 +193,7 @@ class BringUp(Part):
                     base_mb=image.machine.base_mb, cpus=image.machine.cpus, accel=self.accel,
                     cpu_model=self.cpu.arg,
                     ram_path=hot["ram"], ram_share=False,
+                    write_tracking=self.settings.write_tracking,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 spec = _on_network(spec, net, jail)
                 extra_mb = plan.memory_mb - image.machine.memory_mb
@@ -291,7 +292,8 @@ class BringUp(Part):
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=qemu_info().default_q35,
                     base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.arg, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail,
+                    write_tracking=self.settings.write_tracking)
                 spec = _on_network(spec, net, jail)
                 machine = await Machine.launch(spec)
             try:
@@ -405,7 +407,8 @@ class BringUp(Part):
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
                            machine_type=qemu_info().default_q35, base_mb=plan.memory_mb,
                            cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.arg, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail,
+                    write_tracking=self.settings.write_tracking)
         try:
             await disks.create()
             machine = await Machine.launch(spec)

@@ -14,7 +14,8 @@ protected page by itself (a minor fault), so QEMU never notices. A page that bec
 anonymous (a copy-on-write of the image's RAM file) starts unprotected: written.
 
 Without the kernel feature, the library or a C compiler, `open_tracker` returns None and
-captures copy in the pause as before. SANDLOT_WRITE_TRACKING=off turns it off.
+captures copy in the pause as before. SANDLOT_WRITE_TRACKING=off (Settings.write_tracking)
+turns it off.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("write_tracking.c")
 # Under /usr: the jail's mount namespace shows /usr (read-only) to every confined QEMU.
 LIBRARY_DIR = Path("/usr/local/lib/sandlot")
-ENV = "SANDLOT_WRITE_TRACKING"
+ENV = "SANDLOT_WRITE_TRACKING"  # set in QEMU's environment: the library acts (write_tracking.c)
 
 _SYS_USERFAULTFD = 323  # x86_64
 _SYS_PIDFD_GETFD = 438
@@ -76,13 +77,10 @@ _lock = threading.Lock()
 _library: Path | None | bool = False  # False: not looked for yet
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "on").lower() not in ("off", "0", "false", "no")
-
-
-def qemu_env() -> dict[str, str]:
-    """What QEMU's environment needs for tracking its writes (empty: no tracking)."""
-    library = _library_path() if enabled() else None
+def qemu_env(enabled: bool = True) -> dict[str, str]:
+    """What QEMU's environment needs for tracking its writes (empty: no tracking, or not
+    `enabled`: Settings.write_tracking)."""
+    library = _library_path() if enabled else None
     if library is None:
         return {}
     return {"LD_PRELOAD": str(library), ENV: "1"}
