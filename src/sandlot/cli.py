@@ -299,7 +299,8 @@ def template_build(args: tuple[str, ...], image_ref: str | None, dockerfile: Pat
     if image_ref and dockerfile:
         raise click.UsageError("give --image or -f, not both")
     settings = Settings.from_env(data_dir)
-    access = Access.from_env(insecure, creds, authfile)
+    access = Access.of((*settings.insecure_registries, *insecure), creds,
+                       authfile or settings.registry_auth_file, settings.registries)
     sizes = {"memory_mb": memory_mb, "cpus": cpus, "disk_mb": disk_mb}
     if image_ref:
         if len(args) != 1:

@@ -18,7 +18,10 @@ The limits on what a request may carry (`Limits`) are set by SANDLOT_MAX_<FIELD>
 SANDLOT_MAX_ENV_BYTES, SANDLOT_MAX_PORTS); docs/api.md lists them. SANDLOT_COMMAND_GRACE:
 seconds past a command's timeout before the server ends it if the guest has not (default 5).
 SANDLOT_REGISTRIES: the registries image pulls may reach (images/egress.py; default: public
-addresses only).
+addresses only); SANDLOT_INSECURE_REGISTRIES (host[:port],...: reached over plain HTTP) and
+SANDLOT_REGISTRY_AUTH_FILE (registry credentials) (images/oci.py); SANDLOT_BUILDAH_DRIVER
+(overlay|vfs: Dockerfile builds, images/dockerfile.py). SANDLOT_WRITE_TRACKING=off: captures
+copy every changed page in the pause (vmm/write_tracking.py).
 
 Several hosts (docs/cluster.md): SANDLOT_DATABASE_URL (a ``postgresql://`` URL shared by every
 host; default SQLite under the data dir), SANDLOT_HOST_ID (this host's stable id; default made
@@ -183,6 +186,13 @@ class Settings:
     # capture took (runtime/unwritten.py); SANDLOT_RESTORE_UNWRITTEN=off: it waits for the
     # file, whose pages every VM restored from it shares
     restore_unwritten: bool = True
+    # image pulls (images/oci.py, images/egress.py): SANDLOT_REGISTRIES as given (None: not
+    # set), the registries reached over plain HTTP, the registries' credentials file
+    registries: str | None = None
+    insecure_registries: tuple[str, ...] = ()
+    registry_auth_file: str | None = None
+    buildah_driver: str = "overlay"  # SANDLOT_BUILDAH_DRIVER: overlay or vfs
+    write_tracking: bool = True  # SANDLOT_WRITE_TRACKING (vmm/write_tracking.py)
 
     @functools.cached_property
     def accelerator(self) -> str:
@@ -238,7 +248,14 @@ class Settings:
                    if os.environ.get("SANDLOT_CONSOLE_DIR") else None,
                    lazy_restore=not _off("SANDLOT_LAZY_RESTORE"),
                    lazy_prefetch=_int_env("SANDLOT_LAZY_PREFETCH", 8),
-                   restore_unwritten=not _off("SANDLOT_RESTORE_UNWRITTEN"))
+                   restore_unwritten=not _off("SANDLOT_RESTORE_UNWRITTEN"),
+                   registries=os.environ.get("SANDLOT_REGISTRIES"),
+                   insecure_registries=tuple(
+                       h.strip() for h in os.environ.get("SANDLOT_INSECURE_REGISTRIES", "")
+                       .split(",") if h.strip()),
+                   registry_auth_file=os.environ.get("SANDLOT_REGISTRY_AUTH_FILE") or None,
+                   buildah_driver=os.environ.get("SANDLOT_BUILDAH_DRIVER") or "overlay",
+                   write_tracking=not _off("SANDLOT_WRITE_TRACKING"))
 
     def stable_host_id(self) -> str:
         """This host's id: SANDLOT_HOST_ID, or one made once and kept in the data dir."""

@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from sandlot.config import Settings
+from sandlot.core.templates import registry_access
 from sandlot.images import egress, oci
 from sandlot.testing import in_process
 
@@ -52,20 +54,21 @@ def test_policy_is_checked_after_resolution(monkeypatch) -> None:
 
 def test_policy_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv(egress.ALLOW_ENV, raising=False)
-    assert egress.Policy.from_env() == egress.Policy(frozenset(), True)
+    assert egress.Policy.parse(Settings.from_env().registries) == egress.Policy(frozenset(),
+                                                                                 True)
+    assert egress.Policy.parse("") == egress.Policy(frozenset(), True)
     monkeypatch.setenv(egress.ALLOW_ENV, "Reg.internal:5000, public")
-    policy = egress.Policy.from_env(frozenset({"127.0.0.1:5001"}))
+    monkeypatch.setenv(oci.INSECURE_ENV, "127.0.0.1:5001")
+    policy = registry_access(Settings.from_env()).registries
     assert policy.public and policy.names("reg.internal", 5000)
     assert not policy.names("reg.internal", 5001)
     assert policy.names("127.0.0.1", 5001)  # insecure registries are named by the operator
     assert policy.check("127.0.0.1:5001") == ["127.0.0.1"]
-    monkeypatch.setenv(egress.ALLOW_ENV, "mirror.internal")
-    only = egress.Policy.from_env()
+    only = egress.Policy.parse("mirror.internal")
     assert not only.public and only.names("mirror.internal", 443)
     with pytest.raises(egress.Refused, match="not named"):
         only.check("8.8.8.8")
-    monkeypatch.setenv(egress.ALLOW_ENV, "docker.io")
-    assert egress.Policy.from_env().names(egress.DOCKER_HUB, 443)
+    assert egress.Policy.parse("docker.io").names(egress.DOCKER_HUB, 443)
 
 
 @pytest.fixture
@@ -90,7 +93,7 @@ def test_resolve_refuses_before_any_connection(listener, monkeypatch) -> None:
                  f"[::1]:{port}"):
         ref = oci.parse_reference(f"{host}/x:1")
         with pytest.raises(oci.ImageError) as e:
-            oci.resolve(ref, oci.Access.from_env())
+            oci.resolve(ref, registry_access(Settings.from_env()))
         assert e.value.message == oci.UNIFORM.format(ref=ref.text)
     no_connection(listener)
 

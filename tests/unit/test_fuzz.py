@@ -21,7 +21,6 @@ import uvicorn
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from sandlot.images import egress
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
 from sandlot.server.e2b import api as e2b_api
@@ -55,12 +54,12 @@ class Tracebacks(logging.Handler):
 
 
 @pytest.fixture
-def http_server(tmp_path, monkeypatch):
+def http_server(tmp_path):
     """The app on the fake runtime behind uvicorn on a loopback port, in a thread."""
     key = "sl_fuzz_key"
-    monkeypatch.setenv(egress.ALLOW_ENV, "registry.invalid")  # no pull reaches the network
     runtime = FakeRuntime()
-    settings = fake_settings(tmp_path / "srv", api_key=key)  # an admin key the server adds
+    settings = fake_settings(tmp_path / "srv", api_key=key,  # an admin key the server adds
+                             registries="registry.invalid")  # no pull reaches the network
     install_fake_template(settings, runtime)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings, runtime=runtime),

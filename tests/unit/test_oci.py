@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sandlot.config import Settings
+from sandlot.core.templates import registry_access
 from sandlot.errors import ImageError
 from sandlot.images import dockerfile, oci
 from sandlot.images.imagefs import resolve_user
@@ -42,7 +44,9 @@ def test_pinned_and_insecure(monkeypatch) -> None:
     ref = oci.parse_reference("127.0.0.1:5000/app:1").at(DIGEST)
     assert ref.pinned == f"127.0.0.1:5000/app@{DIGEST}"
     monkeypatch.setenv(oci.INSECURE_ENV, "127.0.0.1:5000, other:1")
-    access = oci.Access.from_env(creds="u:p")
+    access = registry_access(Settings.from_env())
+    assert access.insecure == {"127.0.0.1:5000", "other:1"}
+    access = oci.Access.of(access.insecure, creds="u:p")
     assert access.is_insecure(ref)
     assert access.flags(ref, "src") == ["--src-tls-verify=false", "--src-creds=u:p"]
     hub = oci.parse_reference("python")
@@ -196,7 +200,7 @@ def test_a_login_file_holds_one_login_for_its_block() -> None:
         auths = json.loads(Path(path).read_text())["auths"]
         assert list(auths) == ["127.0.0.1:5000"]
         assert base64.b64decode(auths["127.0.0.1:5000"]["auth"]) == b"builder:pa:ss"
-        flags = oci.Access.from_env(auth_file=path).flags(ref, "src")
+        flags = oci.Access.of(auth_file=path).flags(ref, "src")
         assert f"--src-authfile={path}" in flags and not any("pa:ss" in f for f in flags)
     assert not os.path.exists(path)
     with oci.login_file(oci.parse_reference("python"), "u", "p") as path:

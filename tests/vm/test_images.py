@@ -188,7 +188,7 @@ def test_dockerfile_template(server_settings, registry, oci_images, tmp_path) ->
     # The step cache: change the COPY'd file (to what no earlier run built); the steps
     # before it come from the cache, the ones from it on run again.
     (ctx / "data.txt").write_text(f"v2 {uuid.uuid4()}\n")
-    buildah = dockerfile.Buildah(settings.images / "buildah")
+    buildah = dockerfile.Buildah(settings.images / "buildah", settings.buildah_driver)
     prepared = dockerfile.prepare((ctx / "Dockerfile").read_text(), args,
                                   lambda r: templates._pull(oci.parse_reference(r), settings,
                                                             access, lambda _: None)[0])

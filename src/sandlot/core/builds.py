@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,13 @@ from sandlot.core.models import (
     TemplateInfo,
     now,
 )
-from sandlot.core.templates import DEFAULT_TAG, IMAGE_TEMPLATE_PREFIX, TemplateStore, visible
+from sandlot.core.templates import (
+    DEFAULT_TAG,
+    IMAGE_TEMPLATE_PREFIX,
+    TemplateStore,
+    registry_access,
+    visible,
+)
 from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
@@ -185,17 +191,19 @@ class TemplateBuilds:
 
     # ---- names ------------------------------------------------------------------------
 
-    async def _check_name_free(self, name: str, who: Principal) -> None:
+    async def _check_name_free(self, name: str, who: Principal, running: list[Build]
+                               ) -> None:
         """A tenant may build a name it owns or that nobody has; not the operator's shared
-        templates, nor another tenant's (PermissionDeniedError: E2B's 403)."""
+        templates, nor another tenant's (PermissionDeniedError: E2B's 403). `running`: the
+        deployment's builds that are waiting or building."""
         try:
             info: TemplateInfo | None = await self.templates.current(name)
         except NotFoundError:
             info = None
         if info is not None and not who.admin and info.owner != who.tenant:
             raise PermissionDeniedError(f"template {name!r} exists and is not yours")
-        for b in await self.db.builds(("waiting", "building")):
-            if b["name"] == name and b["owner"] != who.tenant:
+        for b in running:
+            if b.name == name and b.owner != who.tenant:
                 raise PermissionDeniedError(f"template {name!r} is being built by another "
                                             "team")
 
@@ -218,15 +226,17 @@ class TemplateBuilds:
         for t in tags:
             if not NAME_RE.fullmatch(t):
                 raise InvalidArgumentError(f"invalid tag {t[:64]!r}")
-        await self._check_name_free(base, who)
-        running = [b for b in await self.db.builds(("waiting", "building"))
-                   if b["owner"] == who.tenant]
-        if lim.key_builds and len(running) >= lim.key_builds:
-            raise ConflictError(f"{len(running)} builds of yours are running; at most "
+        await self._forget_old()  # first: the one listing below has no expired requests
+        unfinished = [Build.from_doc(d) for d in
+                      await self.db.builds(("requested", "waiting", "building"))]
+        running = [b for b in unfinished if b.state != "requested"]
+        await self._check_name_free(base, who, running)
+        mine = sum(1 for b in running if b.owner == who.tenant)
+        if lim.key_builds and mine >= lim.key_builds:
+            raise ConflictError(f"{mine} builds of yours are running; at most "
                                 f"{lim.key_builds} at once")
-        await self._forget_old()
-        if sum(1 for b in await self.db.builds(("requested",))
-               if b["owner"] == who.tenant) >= MAX_UNSTARTED:
+        if sum(1 for b in unfinished
+               if b.state == "requested" and b.owner == who.tenant) >= MAX_UNSTARTED:
             raise ConflictError(f"{MAX_UNSTARTED} builds of yours were requested and not "
                                 "started; start them or wait an hour")
         build = Build(build_id=str(uuid.uuid4()), name=base, owner=who.tenant, cpus=cpus,
@@ -246,8 +256,7 @@ class TemplateBuilds:
             build = Build.from_doc(doc)
             build.status, build.error = "error", "BuildError"
             build.reason = "the server restarted during the build"
-            await self.db.put_build(build.build_id, build.state, build.host, build.to_doc(),
-                                    build.created_at.timestamp())
+            await self._save(build)
 
     async def _save(self, build: Build) -> None:
         """A build's record and its new log lines into the metadata store (lines first: a
@@ -263,10 +272,16 @@ class TemplateBuilds:
                                     build.created_at.timestamp())
 
     async def _save_while_running(self, build: Build) -> None:
+        """Save a running build each SAVE_INTERVAL when its status or its logs changed."""
+        saved: tuple[str, int] | None = None
         while True:
             await asyncio.sleep(SAVE_INTERVAL)
+            seen = (build.status, len(build.logs))
+            if seen == saved:
+                continue
             try:
                 await self._save(build)
+                saved = seen
             except Exception as e:  # noqa: BLE001 - the next save tries again
                 log.warning("build %s not saved: %s", build.build_id, e)
 
@@ -572,12 +587,13 @@ class TemplateBuilds:
             ref = oci.parse_reference(spec.image or "")
             with oci.login_file(ref, spec.login.username, spec.login.password) as path:
                 name, pinned = await self.templates.private_image(
-                    ref, oci.Access.from_env(auth_file=path), who)
+                    ref, replace(registry_access(self.settings), auth_file=path),
+                    who)
             build.log(f"Base {pinned.pinned}: pulled with the build's registry credentials")
             origin, base_id = pinned.pinned, f"{pinned.pinned} {who.tenant}"
             create = CreateSandbox(template=name)
         else:
-            access = oci.Access.from_env()
+            access = registry_access(self.settings)
             pinned = await asyncio.to_thread(oci.resolve,
                                              oci.parse_reference(spec.image or ""), access)
             origin = base_id = pinned.pinned

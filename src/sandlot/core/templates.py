@@ -108,9 +108,6 @@ class TemplateStore:
     async def info(self, name: str, who: Principal = SYSTEM) -> TemplateInfo:
         """A template by name that `who` may use: this host's, else the store's (then
         remembered here)."""
-        base, _, tag = (name or "").partition(":")
-        if not NAME_RE.fullmatch(base) or (tag and not NAME_RE.fullmatch(tag)):
-            raise NotFoundError(f"template {name[:64]!r} not found")  # never looked up
         info = await self.current(name)
         if not visible(info, who):
             raise NotFoundError(f"template {name!r} not found")
@@ -121,17 +118,15 @@ class TemplateStore:
         store's record of a template built through the API (remembered here when it differs:
         a rebuild on another host), else this host's index, else the store's. `name:tag`
         names a tagged build (E2B's tags; `name:default` is `name`)."""
-        name = name.removesuffix(":" + DEFAULT_TAG) if name else name
         base, _, tag = (name or "").partition(":")
-        if tag:
-            if not (NAME_RE.fullmatch(base) and NAME_RE.fullmatch(tag)):
-                raise NotFoundError(f"template {name[:64]!r} not found")
+        if not NAME_RE.fullmatch(base) or (tag and not NAME_RE.fullmatch(tag)):
+            raise NotFoundError(f"template {name[:64]!r} not found")  # never looked up
+        name = base if tag == DEFAULT_TAG else name
+        if tag and tag != DEFAULT_TAG:
             row = await self.db.get_template(name) if self.db is not None else None
             if row is None or row.doc is None:
                 raise NotFoundError(f"template {base!r} has no build tagged {tag!r}")
             return TemplateInfo.model_validate(row.doc)
-        if not NAME_RE.fullmatch(name or ""):
-            raise NotFoundError(f"template {name[:64]!r} not found")
         row = await self.db.get_template(name) if self.db is not None else None
         if row is not None:
             try:
@@ -202,7 +197,7 @@ class TemplateStore:
         use (by digest: the reference is resolved each time, unless pinned). Builds run in a
         thread (pull, unpack, mkfs) and boot on this server's runtime; concurrent creates of
         one image share one build."""
-        access = oci.Access.from_env()
+        access = registry_access(self.settings)
         ref = oci.parse_reference(reference)
         try:
             pinned = await asyncio.to_thread(oci.resolve, ref, access)
@@ -287,6 +282,12 @@ class TemplateStore:
         self._remember(info)
         if self.db is not None:
             await self.db.put_template(info.name, info.model_dump(mode="json"))
+
+
+def registry_access(settings: Settings) -> oci.Access:
+    """How this server's image pulls reach registries (its settings)."""
+    return oci.Access.of(settings.insecure_registries, None, settings.registry_auth_file,
+                         settings.registries)
 
 
 def visible(info: TemplateInfo, who: Principal) -> bool:
@@ -518,7 +519,7 @@ def pull_image_template(reference: str, name: str | None = None, *, settings: Se
     pulled once (kept by digest under images/oci/, or into `layout`), built once per digest.
     `name` defaults to `image_template_name`. ImageError for a bad reference or a refusing
     registry, ImageNotFoundError for an image the registry does not have."""
-    access = access or oci.Access.from_env()
+    access = access or registry_access(settings)
     ref = oci.parse_reference(reference)
     with (contextlib.nullcontext(step) if step else _progress(f"image {reference}", quiet)
           ) as step:
@@ -556,7 +557,7 @@ def dockerfile_template(dockerfile: Path, context: Path | None, name: str, *,
     """A template from a Dockerfile (`context` defaults to its folder): built by buildah,
     each step cached, then made a template like any image (by its image id).
     BuildStepError for an instruction that fails (with its output)."""
-    access = access or oci.Access.from_env()
+    access = access or registry_access(settings)
     build_args = dict(build_args or {})
     context = context or dockerfile.parent
     if not NAME_RE.match(name):
@@ -574,7 +575,7 @@ def dockerfile_template(dockerfile: Path, context: Path | None, name: str, *,
         prepared = dockerfile_mod.prepare(text, build_args, pull)
         for warning in prepared.warnings:
             warn(warning)
-        buildah = dockerfile_mod.Buildah(settings.images / "buildah")
+        buildah = dockerfile_mod.Buildah(settings.images / "buildah", settings.buildah_driver)
         image_id = buildah.build(prepared.text, context, build_args, step)
         layout = buildah.push(image_id, settings.images / "oci" /
                               ("built-" + image_id.removeprefix("sha256:")))
@@ -648,6 +649,7 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
     TemplateStore(Settings.from_env(data_dir)).remove(name)
 
 
-__all__ = ["TemplateStore", "build_template", "build_image_template", "pull_image_template",
+__all__ = ["TemplateStore", "registry_access", "build_template", "build_image_template",
+           "pull_image_template",
            "dockerfile_template",
            "list_templates", "remove_template", "collect_garbage"]

@@ -14,7 +14,6 @@ in the image config, but sandlot does nothing with it: a warning says so.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -149,7 +148,7 @@ class Buildah:
     overlay mounts are not allowed (`SANDLOT_BUILDAH_DRIVER=vfs`: each step a full copy)."""
 
     root: Path
-    driver: str = field(default_factory=lambda: os.environ.get(DRIVER_ENV) or "overlay")
+    driver: str = "overlay"  # Settings.buildah_driver
 
     def _base(self) -> list[str]:
         if shutil.which("buildah") is None:

@@ -89,8 +89,10 @@ class Policy:
     public: bool = True
 
     @classmethod
-    def from_env(cls, also_named: frozenset[str] | set[str] = frozenset()) -> Policy:
-        raw = os.environ.get(ALLOW_ENV)
+    def parse(cls, raw: str | None, also_named: frozenset[str] | set[str] = frozenset()
+              ) -> Policy:
+        """The policy SANDLOT_REGISTRIES (`raw`; None: not set) gives, naming `also_named`
+        too."""
         entries = {e.strip().lower() for e in (raw if raw is not None else PUBLIC).split(",")}
         entries.discard("")
         public = PUBLIC in entries or raw is None or not raw.strip()

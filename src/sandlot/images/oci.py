@@ -34,7 +34,6 @@ from sandlot.images import egress
 log = logging.getLogger(__name__)
 
 INSECURE_ENV = "SANDLOT_INSECURE_REGISTRIES"
-AUTH_FILE_ENV = "SANDLOT_REGISTRY_AUTH_FILE"
 TAG = "img"  # the one tag in each layout we write
 DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
 # The reference grammar of the distribution spec: [host[:port]/]path[:tag][@digest].
@@ -102,12 +101,12 @@ class Access:
     policy: egress.Policy | None = None  # None: the default, plus the insecure registries
 
     @classmethod
-    def from_env(cls, insecure: Iterable[str] = (), creds: str | None = None,
-                 auth_file: str | None = None) -> Access:
-        names = {h.strip() for h in os.environ.get(INSECURE_ENV, "").split(",") if h.strip()}
-        names |= {h.strip() for h in insecure if h.strip()}
-        return cls(frozenset(names), creds, auth_file or os.environ.get(AUTH_FILE_ENV) or None,
-                   egress.Policy.from_env(frozenset(names)))
+    def of(cls, insecure: Iterable[str] = (), creds: str | None = None,
+           auth_file: str | None = None, registries: str | None = None) -> Access:
+        """The operator's access: the `insecure` registries, and pulls limited by
+        `registries` (SANDLOT_REGISTRIES as given, egress.Policy.parse) and those."""
+        names = frozenset(h.strip() for h in insecure if h.strip())
+        return cls(names, creds, auth_file or None, egress.Policy.parse(registries, names))
 
     @property
     def registries(self) -> egress.Policy:

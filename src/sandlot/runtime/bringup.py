@@ -194,6 +194,7 @@ class BringUp(Part):
                     cpu_model=self.cpu.arg,
                     ram_path=hot["ram"], ram_share=False,
                     ram_on_demand=lease is not None and lease.lazy is not None,
+                    write_tracking=self.settings.write_tracking,
                     dimm_mb=image.machine.dimm_mb, dimm_path=hot.get("dimm"), jail=jail)
                 spec = _on_network(spec, net, jail)
                 extra_mb = plan.memory_mb - image.machine.memory_mb
@@ -292,7 +293,8 @@ class BringUp(Part):
                     run_dir=run_dir, kernel=build / "vmlinuz", initrd=build / "initramfs.gz",
                     disk=disks.top, machine_type=qemu_info().default_q35,
                     base_mb=plan.memory_mb, cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.arg, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail,
+                    write_tracking=self.settings.write_tracking)
                 spec = _on_network(spec, net, jail)
                 machine = await Machine.launch(spec)
             try:
@@ -406,7 +408,8 @@ class BringUp(Part):
                            initrd=build_dir / "initramfs.gz", disk=disks.top,
                            machine_type=qemu_info().default_q35, base_mb=plan.memory_mb,
                            cpus=plan.cpus, accel=self.accel,
-                    cpu_model=self.cpu.arg, jail=jail)
+                    cpu_model=self.cpu.arg, jail=jail,
+                    write_tracking=self.settings.write_tracking)
         try:
             await disks.create()
             machine = await Machine.launch(spec)

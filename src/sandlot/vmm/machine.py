@@ -84,6 +84,7 @@ class MachineSpec:
     netdev: str = NO_NETWORK
     exec_prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", "sl-..."); unconfined
     jail: Jail | None = None  # its own uid, seccomp, namespace, cgroup (vmm/jail.py)
+    write_tracking: bool = True  # preload the write-tracking library (vmm/write_tracking.py)
 
     def with_(self, **changes) -> MachineSpec:
         return replace(self, **changes)
@@ -301,7 +302,8 @@ class Machine:
             # A confined QEMU may not open /dev/net/tun: it gets the opened tap.
             fds.append(await asyncio.to_thread(open_tap, spec.jail.netns))
             command = spec.with_(netdev=f"tap,id=net0,fd={fds[0]}").command()
-        env = {**os.environ, **await asyncio.to_thread(qemu_env, spec.ram_on_demand)}
+        env = {**os.environ, **await asyncio.to_thread(qemu_env, spec.write_tracking,
+                                                       spec.ram_on_demand)}
         log_file = open(spec.run_dir / "qemu.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -14,7 +14,8 @@ protected page by itself (a minor fault), so QEMU never notices. A page that bec
 anonymous (a copy-on-write of the image's RAM file) starts unprotected: written.
 
 Without the kernel feature, the library or a C compiler, `open_tracker` returns None and
-captures copy in the pause as before. SANDLOT_WRITE_TRACKING=off turns it off.
+captures copy in the pause as before. SANDLOT_WRITE_TRACKING=off (Settings.write_tracking)
+turns it off.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("qemu_preload.c")
 # Under /usr: the jail's mount namespace shows /usr (read-only) to every confined QEMU.
 LIBRARY_DIR = Path("/usr/local/lib/sandlot")
-ENV = "SANDLOT_WRITE_TRACKING"
+ENV = "SANDLOT_WRITE_TRACKING"  # set in QEMU's environment: the library acts (qemu_preload.c)
 NO_HUGEPAGE_ENV = "SANDLOT_RAM_NO_HUGEPAGE"  # read by the preloaded library (qemu_preload.c)
 
 _SYS_USERFAULTFD = 323  # x86_64
@@ -77,16 +78,13 @@ _lock = threading.Lock()
 _library: Path | None | bool = False  # False: not looked for yet
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "on").lower() not in ("off", "0", "false", "no")
-
-
-def qemu_env(ram_no_hugepage: bool = False) -> dict[str, str]:
-    """What QEMU's environment needs for tracking its writes (where the kernel can) and, if
-    `ram_no_hugepage` (its guest RAM is a file read on demand), for not advising huge pages on
-    that RAM; empty: neither (or the preload library cannot be had)."""
+def qemu_env(tracking: bool = True, ram_no_hugepage: bool = False) -> dict[str, str]:
+    """What QEMU's environment needs for tracking its writes (if `tracking`:
+    Settings.write_tracking, and the kernel can) and, if `ram_no_hugepage` (its guest RAM is
+    a file read on demand), for not advising huge pages on that RAM; empty: neither (or the
+    preload library cannot be had)."""
     env = {}
-    if enabled() and kernel_supports():
+    if tracking and kernel_supports():
         env[ENV] = "1"
     if ram_no_hugepage:
         env[NO_HUGEPAGE_ENV] = "1"
