@@ -488,20 +488,6 @@ class S3Server:
         except Exception:  # noqa: BLE001 - not up yet
             return False
 
-    def _auth_config(self) -> str:
-        if self.login is None:
-            return ""
-        import warnings  # noqa: PLC0415 - only a registry with a login needs bcrypt
-
-        with warnings.catch_warnings():  # crypt: the C library's bcrypt, no package needed
-            warnings.simplefilter("ignore", DeprecationWarning)
-            import crypt  # noqa: PLC0415
-        user, password = self.login
-        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
-        (self.root / "htpasswd").write_text(f"{user}:{hashed}\n")
-        return (f"auth:\n  htpasswd:\n    realm: sandlot-test\n"
-                f"    path: {self.root / 'htpasswd'}\n")
-
     def stop(self) -> None:
         """Stop it and whatever it started (its process group), even if it already exited."""
         _stop_group(self.proc)
