@@ -133,6 +133,13 @@ def test_snapshot_fork_and_restore_of_a_confined_sandbox(sandbox_factory):
             s.kill()
 
 
+def _default_signals() -> None:
+    import signal
+
+    for sig in set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_jail_helper_confines_as_the_chain_of_shell_tools(tmp_path):
     """sandlot-jail (one exec) puts a process where the chain of shell tools it replaces puts
     it: same uid, groups, capabilities, no_new_privs, cgroups, network namespace, mounts and
@@ -162,8 +169,13 @@ def test_jail_helper_confines_as_the_chain_of_shell_tools(tmp_path):
         helper = replace(jail, netns=netns)
         chain = replace(helper, helper=None)
         assert helper.prefix()[0].endswith("sandlot-jail")
-        ours = subprocess.run(helper.prefix() + probe, env=env, capture_output=True, text=True)
-        theirs = subprocess.run(chain.prefix() + probe, env=env, capture_output=True, text=True)
+        # Both start from default signal dispositions: what a parent ignores is inherited
+        # (a backgrounded `make ci` ignores SIGINT and SIGQUIT), and the helper, a Go
+        # program, keeps an inherited SIG_IGN only for SIGHUP and SIGINT.
+        ours = subprocess.run(helper.prefix() + probe, env=env, capture_output=True, text=True,
+                              preexec_fn=_default_signals)
+        theirs = subprocess.run(chain.prefix() + probe, env=env, capture_output=True, text=True,
+                                preexec_fn=_default_signals)
         assert ours.returncode == theirs.returncode == 0, (ours.stderr, theirs.stderr)
         # The shell chain's `cd` leaves OLDPWD behind; nothing else may differ.
         assert ours.stdout.splitlines() == [line for line in theirs.stdout.splitlines()
