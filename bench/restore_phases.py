@@ -43,8 +43,9 @@ os.environ.setdefault("SANDLOT_IMAGES_DIR", "/var/lib/sandlot/images")
 
 from _procmem import qemu_memory  # noqa: E402
 from sandlot.config import Settings  # noqa: E402
-from sandlot.core.templates import TemplateStore, image_of  # noqa: E402
+from sandlot.core.templates import TemplateStore  # noqa: E402
 from sandlot.guest import client as guest_client  # noqa: E402
+from sandlot.images.pipeline import image_of  # noqa: E402
 from sandlot.runtime import bringup as rt_bringup  # noqa: E402
 from sandlot.runtime import qemu as rt_qemu  # noqa: E402
 from sandlot.runtime.base import MachinePlan  # noqa: E402

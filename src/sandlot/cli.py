@@ -294,7 +294,7 @@ def template_build(args: tuple[str, ...], image_ref: str | None, dockerfile: Pat
     from sandlot.config import Settings
     from sandlot.images.oci import Access
 
-    templates = importlib.import_module("sandlot.core.templates")
+    pipeline = importlib.import_module("sandlot.images.pipeline")
 
     if image_ref and dockerfile:
         raise click.UsageError("give --image or -f, not both")
@@ -305,20 +305,20 @@ def template_build(args: tuple[str, ...], image_ref: str | None, dockerfile: Pat
     if image_ref:
         if len(args) != 1:
             raise click.UsageError("usage: sandlot template build --image REF NAME")
-        info = templates.pull_image_template(image_ref, args[0], settings=settings,
-                                             access=access, force=force, **sizes)
+        info = pipeline.pull_image_template(image_ref, args[0], settings=settings,
+                                            access=access, force=force, **sizes)
     elif dockerfile:
         if len(args) not in (1, 2):
             raise click.UsageError("usage: sandlot template build -f Dockerfile [CONTEXT] NAME")
         context = Path(args[0]) if len(args) == 2 else None
-        info = templates.dockerfile_template(
+        info = pipeline.dockerfile_template(
             dockerfile, context, args[-1], settings=settings, access=access,
             build_args=build_args, force=force,
             warn=lambda text: click.echo(f"warning: {text}", err=True), **sizes)
     else:
         if len(args) != 1:
             raise click.UsageError("usage: sandlot template build NAME_OR_SPEC")
-        info = templates.build_template(args[0], data_dir, force)
+        info = pipeline.build_template(args[0], data_dir, force)
     if as_json:
         _print_json(_plain(info))
     else:
@@ -352,9 +352,12 @@ def template_rm(name: str, data_dir: Path) -> None:
 @_json_option
 def template_gc(data_dir: Path, dry_run: bool, as_json: bool) -> None:
     """Remove template builds that no template, snapshot or running sandbox uses."""
-    from sandlot.core.templates import collect_garbage
+    from sandlot.config import Settings
+    from sandlot.core.templates import builds_in_use
+    from sandlot.images.gc import collect_garbage
 
-    removed = collect_garbage(data_dir, dry_run=dry_run)
+    settings = Settings.from_env(data_dir)
+    removed = collect_garbage(settings, lambda: builds_in_use(settings), dry_run=dry_run)
     if as_json:
         _print_json({"removed": removed, "dry_run": dry_run})
     else:

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from sandlot.config import Settings
-from sandlot.core.templates import registry_access
 from sandlot.images import egress, oci
+from sandlot.images.pipeline import registry_access
 from sandlot.testing import in_process
 
 

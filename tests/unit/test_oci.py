@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sandlot.config import Settings
-from sandlot.core.templates import registry_access
 from sandlot.errors import ImageError
 from sandlot.images import dockerfile, oci
 from sandlot.images.imagefs import resolve_user
+from sandlot.images.pipeline import registry_access
 from sandlot.images.rootfs import inside
 
 DIGEST = "sha256:" + "ab" * 32
@@ -169,6 +169,7 @@ async def test_an_image_template_of_another_sandlot_is_rebuilt(tmp_path, monkeyp
     files changed since) is built again; a current one is used as it is."""
     from sandlot.core import templates
     from sandlot.core.templates import TemplateStore
+    from sandlot.images import pipeline
     from sandlot.runtime.fake import FakeRuntime
     from sandlot.testing import fake_settings, install_fake_template
 
@@ -181,7 +182,7 @@ async def test_an_image_template_of_another_sandlot_is_rebuilt(tmp_path, monkeyp
     monkeypatch.setattr(oci, "resolve", lambda ref, access: ref.at(DIGEST))
     monkeypatch.setattr(templates, "pull_image_template",
                         lambda ref, name, **kw: built.append(ref))
-    assert not templates.image_template_current(store.get(name), DIGEST, settings.images)
+    assert not pipeline.image_template_current(store.get(name), DIGEST, settings.images)
     assert (await store.image_source("reg:5000/app:1")).template == name
     assert built == [f"reg:5000/app@{DIGEST}"]
     monkeypatch.setattr(templates, "image_template_current", lambda info, digest, images: True)

@@ -132,9 +132,10 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     calls: list[tuple] = []
     info = types.SimpleNamespace(name="py", hash="h123", memory_mb=512, cpus=1,
                                  built_at=None)
-    templates = types.ModuleType("sandlot.core.templates")
-    templates.build_template = lambda spec, data_dir, force: calls.append(  # type: ignore
+    pipeline = types.ModuleType("sandlot.images.pipeline")
+    pipeline.build_template = lambda spec, data_dir, force: calls.append(  # type: ignore
         ("build", spec, data_dir, force)) or info
+    templates = types.ModuleType("sandlot.core.templates")
     templates.list_templates = lambda data_dir: [info]  # type: ignore[attr-defined]
     templates.remove_template = lambda name, data_dir: calls.append(  # type: ignore
         ("rm", name, data_dir))
@@ -142,6 +143,7 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     keys.create_key = lambda data_dir, **kw: ("sk-new", "t-1")  # type: ignore[attr-defined]
     server = types.ModuleType("sandlot.server")
     server.run = lambda **kw: calls.append(("serve", kw))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sandlot.images.pipeline", pipeline)
     monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
     monkeypatch.setitem(sys.modules, "sandlot.core.keys", keys)
     monkeypatch.setitem(sys.modules, "sandlot.server", server)
@@ -155,9 +157,9 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
                                 "built_at": None}]
     assert run("template", "rm", "py", "--data-dir", "/x")[0] == 0
     assert calls[-1] == ("rm", "py", Path("/x"))
-    templates.pull_image_template = lambda ref, name, **kw: calls.append(  # type: ignore
+    pipeline.pull_image_template = lambda ref, name, **kw: calls.append(  # type: ignore
         ("image", ref, name, sorted(kw["access"].insecure))) or info
-    templates.dockerfile_template = lambda df, ctx, name, **kw: calls.append(  # type: ignore
+    pipeline.dockerfile_template = lambda df, ctx, name, **kw: calls.append(  # type: ignore
         ("dockerfile", df, ctx, name, kw["build_args"])) or info
     assert run("template", "build", "--image", "reg:5000/a/b:1", "py",
                "--insecure-registry", "reg:5000")[0] == 0
@@ -183,11 +185,11 @@ def test_data_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_core_errors_print_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     from sandlot.errors import BuildError
 
-    templates = types.ModuleType("sandlot.core.templates")
+    pipeline = types.ModuleType("sandlot.images.pipeline")
 
     def build(spec, data_dir, force):
         raise BuildError("apt-get failed")
 
-    templates.build_template = build  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sandlot.core.templates", templates)
+    pipeline.build_template = build  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sandlot.images.pipeline", pipeline)
     assert run("template", "build", "x") == (1, "", "error: apt-get failed\n")

@@ -28,8 +28,7 @@ from sandlot import (
     Snapshot,
 )
 from sandlot.config import Settings
-from sandlot.core import templates
-from sandlot.images import dockerfile, egress, oci
+from sandlot.images import dockerfile, egress, oci, pipeline
 from sandlot.images.imagefs import build_image_rootfs
 from sandlot.images.kernel import ensure_kernel
 from sandlot.testing import IMAGES_DIR
@@ -176,7 +175,7 @@ def test_dockerfile_template(server_settings, registry, oci_images, tmp_path) ->
         "CMD [\"python3\"]\n")
     args = {"BASE": oci_images["debian"]}
     warnings: list[str] = []
-    info = templates.dockerfile_template(ctx / "Dockerfile", None, "test-dockerfile",
+    info = pipeline.dockerfile_template(ctx / "Dockerfile", None, "test-dockerfile",
                                          settings=settings, access=access, build_args=args,
                                          quiet=True, warn=warnings.append)
     assert any("EXPOSE" in w for w in warnings)
@@ -190,7 +189,7 @@ def test_dockerfile_template(server_settings, registry, oci_images, tmp_path) ->
     (ctx / "data.txt").write_text(f"v2 {uuid.uuid4()}\n")
     buildah = dockerfile.Buildah(settings.images / "buildah", settings.buildah_driver)
     prepared = dockerfile.prepare((ctx / "Dockerfile").read_text(), args,
-                                  lambda r: templates._pull(oci.parse_reference(r), settings,
+                                  lambda r: pipeline._pull(oci.parse_reference(r), settings,
                                                             access, lambda _: None)[0])
     steps: list[str] = []
     buildah.build(prepared.text, ctx, args, steps.append)
@@ -205,7 +204,7 @@ def test_dockerfile_failing_run(server_settings, registry, oci_images, tmp_path)
         f"FROM {oci_images['debian']}\nRUN echo first-step\n"
         "RUN echo about to fail >&2 && ls /no/such/dir\n")
     with pytest.raises(BuildStepError) as err:
-        templates.dockerfile_template(tmp_path / "Dockerfile", None, "test-bad",
+        pipeline.dockerfile_template(tmp_path / "Dockerfile", None, "test-bad",
                                       settings=settings,
                                       access=oci.Access(frozenset({registry.host})),
                                       quiet=True)
@@ -236,11 +235,11 @@ def test_image_without_python_rootfs(name, oci_images, registry, tmp_path) -> No
         pytest.skip(f"this host cannot build the {name} image (musl-gcc missing)")
     settings = SimpleNamespace(images=tmp_path / "images")
     access = oci.Access(frozenset({registry.host}))
-    layout, _ = templates._pull(oci.parse_reference(oci_images[name]), settings, access,
+    layout, _ = pipeline._pull(oci.parse_reference(oci_images[name]), settings, access,
                                 lambda _: None)
     kernel = ensure_kernel(IMAGES_DIR / "kernel")
     out = tmp_path / "rootfs.ext4"
-    config = build_image_rootfs(layout, out, kernel, templates._guest_files(IMAGES_DIR))
+    config = build_image_rootfs(layout, out, kernel, pipeline._guest_files(IMAGES_DIR))
     assert out.stat().st_size > 0 and config.user is None
     listing = subprocess.run(["debugfs", "-R", "ls -p /sbin", str(out)], capture_output=True,
                              text=True).stdout

@@ -44,13 +44,7 @@ from sandlot.core.models import (
     TemplateInfo,
     now,
 )
-from sandlot.core.templates import (
-    DEFAULT_TAG,
-    IMAGE_TEMPLATE_PREFIX,
-    TemplateStore,
-    registry_access,
-    visible,
-)
+from sandlot.core.templates import DEFAULT_TAG, TemplateStore, visible
 from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
@@ -64,7 +58,8 @@ from sandlot.errors import (
     SandlotError,
 )
 from sandlot.images import dockersteps, oci, steps
-from sandlot.images.spec import NAME_RE
+from sandlot.images.pipeline import registry_access
+from sandlot.images.spec import IMAGE_TEMPLATE_PREFIX, NAME_RE
 from sandlot.runtime.base import Exited, Output, Runtime
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,11 @@ from sandlot.core.models import SandboxRecord, SandboxState, to_doc, transition
 from sandlot.core.placement import Peers, Placement
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
-from sandlot.core.templates import TemplateStore, image_of
+from sandlot.core.templates import TemplateStore
 from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
 from sandlot.core.usage import UsageSampler
 from sandlot.errors import AuthenticationError, SandlotError
+from sandlot.images.pipeline import image_of
 from sandlot.runtime.base import Runtime
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ step.
 Base images (`FROM`) are pulled by sandlot's own pull (oci.py: insecure registries, credentials,
 pinned by digest) into OCI layouts and the Dockerfile is given to buildah with `FROM oci:...`,
 so buildah itself never reaches a registry. The result is pushed to an OCI layout, named by its
-image id, which `core.templates.build_image_template` turns into a template.
+image id, which `images.pipeline.build_image_template` turns into a template.
 
 Supported: FROM (also multi-stage and `scratch`), RUN, COPY and ADD from the context, ENV, ARG,
 WORKDIR, USER, ENTRYPOINT, CMD; every other instruction is passed to buildah, which may keep it

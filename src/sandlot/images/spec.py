@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sandlot.errors import InvalidArgumentError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+IMAGE_TEMPLATE_PREFIX = "image-"  # the templates creates from an OCI image make
 # Bump when the build steps change in a way the spec does not show.
 BUILDER_VERSION = "7"  # 7: root filesystems of `disk_mb` again (6 fitted them to their files)
 BASE_PACKAGES = [

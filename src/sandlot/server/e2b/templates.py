@@ -27,9 +27,10 @@ from pydantic import Field
 
 from sandlot.core.builds import MAX_LOG_LINES, Build, BuildSpec, RegistryLogin, TemplateBuilds
 from sandlot.core.models import TemplateInfo, now
-from sandlot.core.templates import DEFAULT_TAG, IMAGE_TEMPLATE_PREFIX
+from sandlot.core.templates import DEFAULT_TAG
 from sandlot.errors import InvalidArgumentError, NotFoundError
 from sandlot.images import steps
+from sandlot.images.spec import IMAGE_TEMPLATE_PREFIX
 from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.e2b.api import (
