@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sandlot.core.hosts import HostInfo, Hosts, HostState
-from sandlot.core.models import SandboxRecord
+from sandlot.core.models import SandboxRecord, SandboxState
 from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, NotFoundError
 from sandlot.testing import in_process
@@ -278,3 +278,14 @@ async def test_children_on_other_hosts_keep_every_setting_of_their_parent(deploy
     r = await client.post(f"/v1/sandboxes/{parent}/fork", json={"count": 1})
     kid = r.json()["sandboxes"][0]["sandbox_id"]
     assert core.sandboxes.live[kid].record.public_traffic is False
+
+
+async def test_where_a_sandbox_is_names_its_state_as_a_state(deployment):
+    """`locate` (what forwarding routes by) gives a `SandboxState`, running or stored."""
+    core, client, _peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    sid = (await client.post("/v1/sandboxes", json={})).json()["sandbox_id"]
+    where = await core.sandboxes.locate(sid)
+    assert where.state is SandboxState.RUNNING and where.host == core.host_id
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    assert (await core.sandboxes.locate(sid)).state is SandboxState.PAUSED

@@ -130,12 +130,12 @@ class SandboxManager:
         running here is remembered for error messages."""
         live = self.live.get(sandbox_id)
         if live is not None:
-            return Location(self.host_id, live.record.state.value, live.record.owner)
+            return Location(self.host_id, live.record.state, live.record.owner)
         doc = await self.db.get_sandbox(sandbox_id)
         if doc is None:
             return None
-        location = Location(doc.get("host"), str(doc.get("state")), doc.get("owner"))
-        self.seen(sandbox_id, location.state, location.owner)
+        location = Location(doc.get("host"), SandboxState(doc.get("state")), doc.get("owner"))
+        self.seen(sandbox_id, location.state.value, location.owner)
         return location
 
     def holder_of(self, sandbox_id: str) -> Principal:
@@ -706,7 +706,7 @@ class Location:
     """Where a sandbox is: the host that runs it (or last ran it), its state, its tenant."""
 
     host: str | None
-    state: str
+    state: SandboxState
     owner: str | None
 
 

@@ -23,7 +23,7 @@ import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot.core.hosts import HostInfo
-from sandlot.core.models import CreateSandbox, SandboxRecord
+from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState
 from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, HostUnavailableError, error_from_answer
 from sandlot.server import ports
@@ -175,7 +175,7 @@ class ForwardToOwner:
         where = await core.sandboxes.locate(sandbox_id) if sandbox_id else None
         # a paused sandbox runs nowhere: any host answers for it, and resumes it where
         # placement says
-        host = where.host if where and where.state != "paused" else None
+        host = where.host if where and where.state != SandboxState.PAUSED else None
         url = await core.hosts.url_of(host) if host else None
         if url is None:  # here, unknown, or its host is gone: answered here
             await self.app(scope, receive, send)
