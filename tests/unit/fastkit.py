@@ -73,3 +73,23 @@ async def serving(app, port: int | None = None):
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.asynccontextmanager
+async def two_tenants(tmp_path, prefix: str):
+    """A server on the fake runtime (the base template installed) with two tenants, "a"
+    and "b", each with an API key `<prefix>_a` / `<prefix>_b`: (core, {tenant: key}, url)."""
+    from sandlot.runtime.fake import FakeRuntime
+    from sandlot.server.app import create_app
+    from sandlot.testing import fake_settings, install_fake_template
+
+    runtime = FakeRuntime()
+    settings = fake_settings(tmp_path)
+    install_fake_template(settings, runtime)
+    app = create_app(settings, runtime=runtime)
+    async with serving(app) as port:
+        core = app.state.core
+        keys = {"a": f"{prefix}_a", "b": f"{prefix}_b"}
+        for tenant, key in keys.items():
+            await core.db.add_key(key, tenant)
+        yield core, keys, f"http://127.0.0.1:{port}"

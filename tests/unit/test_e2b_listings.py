@@ -28,37 +28,30 @@ from e2b.api.client.models import (
 )
 from e2b.api.client_async import get_api_client
 from e2b.connection_config import ConnectionConfig
-from fastkit import serving
+from fastkit import two_tenants
 
 from sandlot.core.builds import Build
 from sandlot.core.models import CreateSandbox, now
 from sandlot.errors import NotFoundError
-from sandlot.runtime.fake import FakeRuntime
-from sandlot.server.app import create_app
-from sandlot.testing import fake_settings, install_fake_template
 
 
 @pytest.fixture
 async def env(tmp_path):
-    runtime = FakeRuntime()
-    settings = fake_settings(tmp_path)
-    install_fake_template(settings, runtime)
-    app = create_app(settings, runtime=runtime)
-    async with serving(app) as port:
-        core = app.state.core
-        keys = {"a": "sl_list_a", "b": "sl_list_b"}
-        for tenant, key in keys.items():
-            await core.db.add_key(key, tenant)
-        url = f"http://127.0.0.1:{port}/e2b"
-        clients = {t: get_api_client(ConnectionConfig(api_url=url, api_key=k))
+    async with two_tenants(tmp_path, "sl_list") as (core, keys, url):
+        clients = {t: get_api_client(ConnectionConfig(api_url=f"{url}/e2b", api_key=k))
                    for t, k in keys.items()}
         yield core, keys, clients
 
 
+def build_of(who, name: str, status: str, cpus: int = 1, memory_mb: int = 256) -> Build:
+    """A started build of template `name` by `who`'s tenant, in `status`."""
+    return Build(build_id=str(uuid.uuid4()), name=name, owner=who.tenant, cpus=cpus,
+                 memory_mb=memory_mb, tags=["default"], status=status, started=True)
+
+
 async def own_template(core, who, name: str) -> str:
     """A template `who` built (as a build leaves it: a record and the template)."""
-    build = Build(build_id=str(uuid.uuid4()), name=name, owner=who.tenant, cpus=1,
-                  memory_mb=256, tags=["default"], status="ready", started=True)
+    build = build_of(who, name, "ready")
     await core.builds._save(build)
     base = core.templates.get("base")
     await core.templates.put(base.model_copy(update={
@@ -70,8 +63,7 @@ async def test_templates_listed_for_their_key(env) -> None:
     core, keys, client = env
     a = await core.authenticate(keys["a"])
     build_id = await own_template(core, a, "a-env")
-    waiting = Build(build_id=str(uuid.uuid4()), name="a-next", owner=a.tenant, cpus=2,
-                    memory_mb=512, tags=["default"], status="building", started=True)
+    waiting = build_of(a, "a-next", "building", cpus=2, memory_mb=512)
     await core.builds._save(waiting)
 
     res = await get_templates.asyncio_detailed(client=client["a"])
@@ -100,8 +92,7 @@ async def test_a_template_with_its_builds(env) -> None:
     core, keys, client = env
     a = await core.authenticate(keys["a"])
     build_id = await own_template(core, a, "a-env")
-    failed = Build(build_id=str(uuid.uuid4()), name="a-env", owner=a.tenant, cpus=1,
-                   memory_mb=256, tags=["default"], status="error", started=True)
+    failed = build_of(a, "a-env", "error")
     await core.builds._save(failed)
 
     res = await get_templates_template_id.asyncio_detailed("a-env", client=client["a"])
@@ -200,8 +191,7 @@ async def test_build_logs_from_a_time(env) -> None:
 
     core, keys, client = env
     a = await core.authenticate(keys["a"])
-    build = Build(build_id=str(uuid.uuid4()), name="a-env", owner=a.tenant, cpus=1,
-                  memory_mb=256, tags=["default"], status="error", started=True)
+    build = build_of(a, "a-env", "error")
     for n in range(3):
         build.log(f"line {n}")
     build.log("it broke", "error")

@@ -11,27 +11,15 @@ import httpx
 import pytest
 from e2b import AsyncSandbox, AsyncTemplate
 from e2b.exceptions import SandboxException, TemplateException
-from fastkit import serving
+from fastkit import two_tenants
 
 from sandlot.core.models import CreateSandbox, SnapshotState, TemplateInfo, now
 from sandlot.errors import NotFoundError
-from sandlot.runtime.fake import FakeRuntime
-from sandlot.server.app import create_app
-from sandlot.testing import fake_settings, install_fake_template
 
 
 @pytest.fixture
 async def env(tmp_path):
-    runtime = FakeRuntime()
-    settings = fake_settings(tmp_path)
-    install_fake_template(settings, runtime)
-    app = create_app(settings, runtime=runtime)
-    async with serving(app) as port:
-        core = app.state.core
-        keys = {"a": "sl_tags_a", "b": "sl_tags_b"}
-        for tenant, key in keys.items():
-            await core.db.add_key(key, tenant)
-        url = f"http://127.0.0.1:{port}"
+    async with two_tenants(tmp_path, "sl_tags") as (core, keys, url):
         yield core, keys, {t: {"api_url": f"{url}/e2b", "sandbox_url": f"{url}/e2b/envd",
                                "api_key": k} for t, k in keys.items()}
 
