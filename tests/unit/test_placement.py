@@ -5,6 +5,7 @@ that records what it is asked (the real one is HTTP: tests/vm/test_cluster.py)."
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import httpx
 import pytest
@@ -15,10 +16,13 @@ from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, NotFoundError
 from sandlot.testing import in_process
 
+DOMAIN = "sandlot.test"
+
 
 class FakePeers:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.relayed: list[tuple[str, str]] = []  # (host URL, path) of requests sent on
         self.full: set[str] = set()  # hosts that answer "no room"
 
     async def create(self, host, req, who, forked_from=None) -> SandboxRecord:
@@ -31,6 +35,8 @@ class FakePeers:
 
     async def resume(self, host, sandbox_id, timeout, reboot, who) -> SandboxRecord:
         self.calls.append(("resume", host.id, sandbox_id, who))
+        if host.id in self.full:
+            raise CapacityError(f"{host.id} is full")
         return SandboxRecord(sandbox_id=sandbox_id, memory_mb=512, cpus=1, host=host.id,
                              state="running")
 
@@ -43,7 +49,7 @@ def host(host_id: str, free: int) -> HostInfo:
 async def deployment(tmp_path, monkeypatch):
     """An in-process server that believes it is host `here` of a deployment whose other
     hosts are p1 and p2; `order` is what placement ranks first."""
-    async with in_process(tmp_path) as srv:
+    async with in_process(tmp_path, e2b_domain=DOMAIN) as srv:
         core = srv.core
         monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
         order: list[HostInfo] = []
@@ -54,6 +60,16 @@ async def deployment(tmp_path, monkeypatch):
         monkeypatch.setattr(core.hosts, "place", place)
         peers = FakePeers()
         core.placement.peers = peers
+
+        async def relay(scope, receive, send, url, body=None, fallback=None) -> None:
+            """A request sent on to another host: recorded, and answered as from there."""
+            peers.relayed.append((url, scope["path"]))
+            data = json.dumps({"answered by": url}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": data})
+
+        monkeypatch.setattr(srv.app.state.peers, "relay", relay)
         client = httpx.AsyncClient(transport=srv.async_transport(), base_url=srv.url,
                                    headers={"authorization": f"Bearer {srv.key}",
                                             "x-api-key": srv.key})
@@ -289,3 +305,71 @@ async def test_where_a_sandbox_is_names_its_state_as_a_state(deployment):
     assert where.state is SandboxState.RUNNING and where.host == core.host_id
     assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
     assert (await core.sandboxes.locate(sid)).state is SandboxState.PAUSED
+
+
+RESUMES = ("rest", "e2b connect", "a use", "port traffic", "a parked port")
+
+
+@pytest.mark.parametrize("how", RESUMES)
+async def test_a_resume_on_use_is_placed_as_a_rest_resume(deployment, monkeypatch, how):
+    """An auto-resume sandbox brought back by a request that needs it (the middleware), by
+    traffic to its port name, or by a connection to a port it kept listening through the
+    pause, goes where a REST resume goes: to the host placement ranks first (this one has
+    no room), for its tenant; the request is then answered there. A host with no room
+    after all passes it to the next, here."""
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    wakers = {}
+
+    def park_ports(vm, waker):
+        wakers[vm.id] = waker
+        return {8000: ("127.0.0.1", 9)}
+
+    dropped = []
+    monkeypatch.setattr(core.runtime, "park_ports", park_ports)
+    monkeypatch.setattr(core.runtime, "drop_parked_ports", dropped.append)
+
+    async def url_of(host_id):
+        return None if host_id == core.host_id else f"http://{host_id}"
+
+    monkeypatch.setattr(core.hosts, "url_of", url_of)
+    sid = (await client.post("/v1/sandboxes", json={"auto_resume": True})).json()["sandbox_id"]
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    assert sid in wakers
+
+    async def resume() -> httpx.Response | None:
+        if how == "rest":
+            return await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+        if how == "e2b connect":
+            return await client.post(f"/e2b/sandboxes/{sid}/connect", json={"timeout": 60})
+        if how == "a use":
+            return await client.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/tmp"})
+        if how == "port traffic":
+            return await client.get("/hello", headers={"host": f"8000-{sid}.{DOMAIN}"})
+        try:
+            await wakers[sid]()
+        except NotFoundError as e:
+            assert "not running on this host" in e.message  # the connection ends
+        return None
+
+    order[:] = [host("p2", 4)]  # this host has no room
+    r = await resume()
+    assert peers.calls[-1] == ("resume", "p2", sid, Principal("test"))
+    assert sid not in core.sandboxes.live
+    assert dropped == [sid]  # the ports kept here close: it runs on p2
+    if how in ("a use", "port traffic"):  # answered by p2, where it runs now
+        assert r.status_code == 200 and r.json() == {"answered by": "http://p2"}
+        assert peers.relayed[-1][0] == "http://p2"
+    elif r is not None:
+        assert r.status_code in (200, 201), r.text
+    peers.full = {"p2"}  # no room there after all: the next host, this one
+    order[:] = [host("p2", 4), host(core.host_id, 4)]
+    relayed = len(peers.relayed)
+    r = await resume()
+    assert peers.calls[-1] == ("resume", "p2", sid, Principal("test"))
+    assert sid in core.sandboxes.live
+    assert len(peers.relayed) == relayed  # served here
+    if how == "port traffic":  # by the port it kept here (nothing listens on it in a fake)
+        assert r.status_code == 502 and "is running" in r.json()["message"]
+    elif r is not None:
+        assert r.status_code in (200, 201), r.text

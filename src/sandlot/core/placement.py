@@ -24,8 +24,15 @@ from sandlot.core.models import (
 )
 from sandlot.core.sandboxes import MAX_FORK, Forked, SandboxManager
 from sandlot.core.snapshots import SnapshotManager
-from sandlot.core.tenancy import Principal
-from sandlot.errors import CapacityError, InvalidArgumentError, SandlotError, StorageError
+from sandlot.core.tenancy import SYSTEM, Principal
+from sandlot.errors import (
+    CapacityError,
+    InvalidArgumentError,
+    InvalidStateError,
+    NotFoundError,
+    SandlotError,
+    StorageError,
+)
 from sandlot.runtime.base import MachineDescription
 
 log = logging.getLogger(__name__)
@@ -79,11 +86,32 @@ class Placement:
                     if host.id == self.hosts.id:
                         break
                     try:
-                        return await self.peers.resume(host, sandbox_id, timeout, reboot, who)
+                        rec = await self.peers.resume(host, sandbox_id, timeout, reboot, who)
                     except CapacityError as e:
                         log.info("host %s could not resume %s (%s); trying the next",
                                  host.id, sandbox_id, e.message)
+                        continue
+                    self.sandboxes.resumed_elsewhere(sandbox_id)
+                    return rec
         return await self.sandboxes.resume(sandbox_id, timeout, reboot, who=who)
+
+    async def resume_on_use(self, sandbox_id: str, who: Principal, *, placed: bool = False
+                            ) -> SandboxRecord | None:
+        """A paused sandbox made with `auto_resume` comes back when a request of `who` (its
+        tenant) needs it running, placed as `resume` places it: its record (which names the
+        host it now runs on) if it was resumed now or meanwhile, else None."""
+        if self.sandboxes.is_running(sandbox_id, SYSTEM):
+            return None
+        try:
+            rec = await self.sandboxes.get(sandbox_id, who)
+        except NotFoundError:
+            return None
+        if rec.state != SandboxState.PAUSED or not rec.auto_resume:
+            return None
+        try:
+            return await self.resume(sandbox_id, who=who, placed=placed)
+        except InvalidStateError:  # resumed meanwhile
+            return await self.sandboxes.get(sandbox_id, who)
 
     async def fork(self, sandbox_id: str, count: int, who: Principal,
                    timeout: int | None = None) -> Forked:

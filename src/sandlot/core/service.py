@@ -73,6 +73,8 @@ class Core:
                            running=lambda: len(self.sandboxes.live))
         self.hosts.on_back = self._remove_lost
         self.placement = Placement(self.hosts, self.sandboxes, self.snapshots, peers)
+        self.sandboxes.resume_placed = lambda sandbox_id, who: self.placement.resume(
+            sandbox_id, who=who)  # a port's traffic resumes as any resume: placed
         self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
                                   interval=settings.metrics_interval)
         self.commands = Commands(self.sandboxes.get_live, settings.limits,

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandlot.core.tenancy import NOBODY, SYSTEM, Principal, tenant_of
 from sandlot.errors import NotFoundError, SandlotError
 from sandlot.server.auth import bearer_key
-from sandlot.server.forward import sandbox_of
+from sandlot.server.forward import forwarded, relay_to_host, sandbox_of
 
 log = logging.getLogger(__name__)
 # the sandbox itself (GET, DELETE) and its lifecycle calls: they never resume it by themselves
@@ -36,8 +36,14 @@ class AutoResume:
                 and not NOT_A_USE.match(scope.get("path", ""))):
             try:
                 who = await _caller(scope, core, sandbox_id)
-                if await core.sandboxes.resume_on_use(sandbox_id, who):
-                    log.info("sandbox %s resumed by a request (auto_resume)", sandbox_id)
+                # placed as a resume through the API is (core/placement.py)
+                rec = await core.placement.resume_on_use(sandbox_id, who,
+                                                         placed=forwarded(scope))
+                if rec is not None:
+                    log.info("sandbox %s resumed by a request (auto_resume) on %s",
+                             sandbox_id, rec.host)
+                    if await relay_to_host(scope, receive, send, core, rec.host):
+                        return  # it runs on another host now: answered there
             except SandlotError as e:  # the request then answers as for a paused one
                 log.warning("sandbox %s: auto-resume failed: %s", sandbox_id, e.message)
         await self.app(scope, receive, send)

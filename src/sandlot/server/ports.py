@@ -130,6 +130,14 @@ class PortError(Exception):
         self.status, self.message = status, message
 
 
+class ResumedElsewhere(Exception):
+    """A use resumed the sandbox on another host (`host`), where placement put it."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.host = host
+
+
 class PortRoutes:
     """ASGI middleware: requests to port names go to the sandbox; the rest to `app`."""
 
@@ -149,6 +157,13 @@ class PortRoutes:
             host, host_port = await self._reach(scope, sandbox_id, port)
         except PortError as e:
             await deny(scope, send, e.status, e.message, sandbox_id)
+            return
+        except ResumedElsewhere as e:  # placement resumed it on another host: on to there
+            from sandlot.server.forward import relay_to_host
+
+            if not await relay_to_host(scope, receive, send, self.get_core(), e.host):
+                await deny(scope, send, 503, f"sandbox {sandbox_id} was resumed on host "
+                                             f"{e.host}, which does not answer", sandbox_id)
             return
         if scope["type"] == "websocket":
             await relay_websocket(scope, receive, send, host, host_port)
@@ -182,12 +197,19 @@ class PortRoutes:
             if not rec.auto_resume:
                 raise PortError(409, f"sandbox {sandbox_id} is paused; resume it (connect) or "
                                      "create it with auto_resume to wake it by traffic")
-            try:
-                if await sandboxes.resume_on_use(sandbox_id, who):
-                    log.info("sandbox %s resumed by traffic to port %d", sandbox_id, port)
+            from sandlot.server.forward import forwarded
+
+            try:  # placed as a resume through the API is (core/placement.py)
+                resumed = await core.placement.resume_on_use(sandbox_id, who,
+                                                             placed=forwarded(scope))
             except SandlotError as e:
                 raise PortError(502, f"sandbox {sandbox_id} could not be resumed: "
                                      f"{e.message or e}") from None
+            if resumed is not None:
+                log.info("sandbox %s resumed by traffic to port %d on %s", sandbox_id, port,
+                         resumed.host)
+                if resumed.host and resumed.host != core.host_id:
+                    raise ResumedElsewhere(resumed.host)
         if not sandboxes.is_running(sandbox_id, SYSTEM):
             raise PortError(404, f"sandbox {sandbox_id} is not running (state: "
                                  f"{rec.state.value})")

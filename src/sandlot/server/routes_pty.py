@@ -25,6 +25,7 @@ from sandlot.core.models import ExecRequest, TerminalSize
 from sandlot.core.tenancy import Principal
 from sandlot.errors import AuthenticationError, NotFoundError, SandlotError
 from sandlot.server.errors import public_message
+from sandlot.server.forward import forwarded
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["commands"])
@@ -133,8 +134,15 @@ async def _serve(websocket: WebSocket, sandbox_id: str, opened: PtyOpen, who: Pr
     core = websocket.app.state.core
     commands = core.commands
     try:
+        resumed = None
         with contextlib.suppress(SandlotError):  # a paused sandbox then answers as one
-            await core.sandboxes.resume_on_use(sandbox_id, who)  # a terminal is a use
+            # a terminal is a use, placed as a resume through the API is
+            resumed = await core.placement.resume_on_use(
+                sandbox_id, who, placed=forwarded(websocket.scope))
+        if resumed is not None and resumed.host and resumed.host != core.host_id:
+            raise Refused(4503, "HostUnavailableError",
+                          f"sandbox {sandbox_id} was resumed on host {resumed.host}; open "
+                          "the terminal again to reach it there")
         pid = opened.pid
         if pid is None:
             size = TerminalSize(cols=opened.cols, rows=opened.rows)
