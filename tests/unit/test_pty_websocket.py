@@ -13,6 +13,9 @@ from fastkit import serving
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from sandlot.core.hosts import HostInfo, Hosts, HostState
+from sandlot.core.models import SandboxRecord
+from sandlot.errors import CapacityError
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
 from sandlot.testing import fake_settings, free_port, install_fake_template
@@ -211,3 +214,46 @@ async def test_a_terminal_of_a_sandbox_on_another_host(tmp_path, postgres):
         assert code == 1008
         for e in (here, there):
             await e.http.aclose()
+
+
+async def test_a_terminal_that_wakes_a_sandbox_placed_on_another_host(env, monkeypatch):
+    """A terminal is a use: it resumes an auto-resume sandbox where a REST resume would
+    (here: another host, this one has no room); the socket is then refused, to be opened
+    again (it is relayed to that host then). With room here after all, it opens here."""
+    core = env.app.state.core
+    r = await env.http.post("/v1/sandboxes", json={"template": "base", "auto_resume": True},
+                            headers={"authorization": f"Bearer {env.keys['a']}"})
+    sid = r.json()["sandbox_id"]
+    r = await env.http.post(f"/v1/sandboxes/{sid}/pause",
+                            headers={"authorization": f"Bearer {env.keys['a']}"})
+    assert r.status_code == 200
+    asked = []
+
+    class Peers:
+        full = False
+
+        async def resume(self, host, sandbox_id, timeout, reboot, who):
+            asked.append((host.id, sandbox_id, who.tenant))
+            if self.full:
+                raise CapacityError(f"{host.id} is full")
+            return SandboxRecord(sandbox_id=sandbox_id, memory_mb=512, cpus=1, host=host.id,
+                                 state="running")
+
+    async def place(need):
+        return [HostInfo(id="p2", url="http://p2", state=HostState.ACTIVE, slots=4),
+                HostInfo(id=core.host_id, url="", state=HostState.ACTIVE, slots=4)]
+
+    peers = Peers()
+    monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
+    monkeypatch.setattr(core.hosts, "place", place)
+    core.placement.peers = peers
+    async with env.ws(sid) as ws:
+        await ws.send(json.dumps({"api_key": env.keys["a"], "cmd": "echo hi"}))
+        code, error = await refused(ws)
+    assert code == 4503 and "resumed on host p2" in error["message"]
+    assert asked == [("p2", sid, "a")] and sid not in core.sandboxes.live
+    peers.full = True  # no room there after all: the next host, this one
+    async with env.ws(sid) as ws:
+        await opened(ws, env.keys["a"], cmd="echo hi")
+        assert await ws.recv() == b"hi\n"
+    assert asked[-1] == ("p2", sid, "a") and sid in core.sandboxes.live
