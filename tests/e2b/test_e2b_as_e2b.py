@@ -32,19 +32,20 @@ WEB = unused_subnet()  # this run's own "internet" (a benchmarking range: no hos
 WEB_A, WEB_B = str(WEB[2]), str(WEB[3])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def e2b_env(server):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("E2B_API_URL", f"{server.url}/e2b")
-    mp.setenv("E2B_SANDBOX_URL", f"{server.url}/e2b/envd")
-    mp.setenv("E2B_API_KEY", server.key)
-    yield
-    mp.undo()
+@pytest.fixture(autouse=True)
+def e2b_env(server, monkeypatch):
+    """The SDK pointed at the server, for each test (the environment is as it was after)."""
+    monkeypatch.setenv("E2B_API_URL", f"{server.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{server.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", server.key)
 
 
 @pytest.fixture(scope="module")
-def sbx(e2b_env):
-    box = Sandbox.create("base", timeout=600)
+def sbx(server):
+    """One sandbox for the module (its options given: it outlives each test's environment;
+    the SDK keeps them for its calls)."""
+    box = Sandbox.create("base", timeout=600, api_url=f"{server.url}/e2b",
+                         sandbox_url=f"{server.url}/e2b/envd", api_key=server.key)
     yield box
     box.kill()
 

@@ -36,20 +36,21 @@ def e2b_opts(server) -> dict:
             "api_key": server.key}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def e2b_env(server):
-    """What an E2B user sets to use sandlot instead of E2B's cloud."""
-    mp = pytest.MonkeyPatch()
+@pytest.fixture(autouse=True)
+def e2b_env(server, monkeypatch):
+    """What an E2B user sets to use sandlot instead of E2B's cloud (for each test: the
+    environment is as it was after it)."""
     for name, value in e2b_opts(server).items():
-        mp.setenv(f"E2B_{name.upper()}", value)
-    yield
-    mp.undo()
+        monkeypatch.setenv(f"E2B_{name.upper()}", value)
 
 
 @pytest.fixture(scope="module")
-def sbx(e2b_env):
+def sbx(server):
+    """One sandbox for the module (its options given: it outlives each test's environment;
+    the SDK keeps them for its calls)."""
     box = Sandbox.create("base", envs={"GREETING": "hello from create"},
-                         metadata={"suite": "e2b-sync", "owner": "tests"}, timeout=600)
+                         metadata={"suite": "e2b-sync", "owner": "tests"}, timeout=600,
+                         **e2b_opts(server))
     yield box
     box.kill()
 
