@@ -461,6 +461,38 @@ async def test_expose(sandbox: Callable[..., Guest], manager: NetworkManager) ->
         server.stop()
 
 
+async def test_a_kept_port_waits_for_its_sandbox_or_is_refused(
+        sandbox: Callable[..., Guest], manager: NetworkManager) -> None:
+    """A port kept through a teardown (a pause): a connection makes its sandbox `wanted`
+    and waits; `refuse` ends it (the port stays kept); the next setup of the sandbox adopts
+    the port and the waiting connection is relayed to it."""
+    guest = sandbox(NetworkPolicy(internet=False))
+    server = Server(guest.netns, "0.0.0.0", 8000, echo=True)
+    try:
+        host, port = await manager.expose(guest.id, 8000)
+        assert manager.park(guest.id) == {8000: (host, port)}
+        manager.teardown(guest.id)
+
+        waiting, writer = await asyncio.open_connection(host, port)
+        assert await asyncio.wait_for(manager.wanted(), 10) == guest.id
+        manager.refuse(guest.id)
+        assert await asyncio.wait_for(waiting.read(), 10) == b""  # ended, not left waiting
+        writer.close()
+
+        reader, writer = await asyncio.open_connection(host, port)  # kept: still listening
+        assert await asyncio.wait_for(manager.wanted(), 10) == guest.id
+        manager.setup(guest.id, NetworkPolicy(internet=False), guest_netns=guest.netns)
+        for cmd in (["addr", "add", f"{GUEST_ADDRESS}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"]):
+            sh("ip", "-n", guest.netns, *cmd)
+        writer.write(b"back")
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), 10) == b"back"
+        writer.close()
+    finally:
+        server.stop()
+
+
 def test_teardown_and_cleanup_stale(manager: NetworkManager) -> None:
     before = host_state()
     ids = [f"sb-s{SFX}x{i}" for i in range(3)]

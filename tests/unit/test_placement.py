@@ -4,6 +4,7 @@ that records what it is asked (the real one is HTTP: tests/vm/test_cluster.py)."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -319,15 +320,8 @@ async def test_a_resume_on_use_is_placed_as_a_rest_resume(deployment, monkeypatc
     after all passes it to the next, here."""
     core, client, peers, order = deployment
     order[:] = [host(core.host_id, 4)]
-    wakers = {}
-
-    def park_ports(vm, waker):
-        wakers[vm.id] = waker
-        return {8000: ("127.0.0.1", 9)}
-
-    dropped = []
-    monkeypatch.setattr(core.runtime, "park_ports", park_ports)
-    monkeypatch.setattr(core.runtime, "drop_parked_ports", dropped.append)
+    runtime = core.runtime
+    runtime.kept_ports = {8000: ("127.0.0.1", 9)}
 
     async def url_of(host_id):
         return None if host_id == core.host_id else f"http://{host_id}"
@@ -335,7 +329,6 @@ async def test_a_resume_on_use_is_placed_as_a_rest_resume(deployment, monkeypatc
     monkeypatch.setattr(core.hosts, "url_of", url_of)
     sid = (await client.post("/v1/sandboxes", json={"auto_resume": True})).json()["sandbox_id"]
     assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
-    assert sid in wakers
 
     async def resume() -> httpx.Response | None:
         if how == "rest":
@@ -346,17 +339,18 @@ async def test_a_resume_on_use_is_placed_as_a_rest_resume(deployment, monkeypatc
             return await client.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/tmp"})
         if how == "port traffic":
             return await client.get("/hello", headers={"host": f"8000-{sid}.{DOMAIN}"})
-        try:
-            await wakers[sid]()
-        except NotFoundError as e:
-            assert "not running on this host" in e.message  # the connection ends
+        runtime.traffic.put_nowait(sid)  # a connection to the port it kept
+        for _ in range(500):  # until core took it and its resume is over
+            await asyncio.sleep(0.01)
+            if runtime.traffic.empty() and not core._waking:
+                break
         return None
 
     order[:] = [host("p2", 4)]  # this host has no room
     r = await resume()
     assert peers.calls[-1] == ("resume", "p2", sid, Principal("test"))
     assert sid not in core.sandboxes.live
-    assert dropped == [sid]  # the ports kept here close: it runs on p2
+    assert runtime.dropped == [sid]  # the ports kept here close: it runs on p2
     if how in ("a use", "port traffic"):  # answered by p2, where it runs now
         assert r.status_code == 200 and r.json() == {"answered by": "http://p2"}
         assert peers.relayed[-1][0] == "http://p2"
@@ -373,3 +367,27 @@ async def test_a_resume_on_use_is_placed_as_a_rest_resume(deployment, monkeypatc
         assert r.status_code == 502 and "is running" in r.json()["message"]
     elif r is not None:
         assert r.status_code in (200, 201), r.text
+    assert runtime.refused == []  # the connections were not refused: it runs here
+
+
+async def test_traffic_to_a_kept_port_of_a_sandbox_that_cannot_come_back_is_refused(
+        deployment):
+    """A connection to a port a paused auto-resume sandbox kept, when it cannot be resumed
+    (no other host has room, and its restore here fails): the connection ends (it does not
+    wait), the sandbox stays paused, and the port stays kept for the next."""
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    runtime = core.runtime
+    runtime.kept_ports = {8000: ("127.0.0.1", 9)}
+    sid = (await client.post("/v1/sandboxes", json={"auto_resume": True})).json()["sandbox_id"]
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    order[:] = [host("p2", 4)]
+    peers.full = {"p2"}
+    runtime.fail_restores = 1
+    runtime.traffic.put_nowait(sid)
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        if runtime.refused:
+            break
+    assert runtime.refused == [sid] and runtime.dropped == []
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"

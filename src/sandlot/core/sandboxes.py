@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -82,9 +82,6 @@ class SandboxManager:
         self._pausing: set[str] = set()  # paused at their timeout, now
         # Exposed ports of paused auto-resume sandboxes, still listening (guest -> host).
         self._parked_ports: dict[str, dict[int, tuple[str, int]]] = {}
-        # How traffic to a parked port resumes its sandbox (for its tenant): where placement
-        # puts it, once Core wires in `Placement.resume`; until then, here.
-        self.resume_placed: Callable[[str, Principal], Awaitable[SandboxRecord]] | None = None
         self._tasks: set[asyncio.Task] = set()
         # Per tenant on this host: streams open, and creates under way (not live yet).
         self.key_streams = KeyStreams(settings.limits.key_streams)
@@ -602,9 +599,8 @@ class SandboxManager:
                 raise StorageError(f"sandbox {sandbox_id} could not be paused: {e.message}"
                                    ) from e
             rec.paused_snapshot = snap.snapshot_id
-            if rec.auto_resume:  # traffic to its exposed ports brings it back
-                waker = self._waker(sandbox_id, rec.owner)
-                kept = self.runtime.park_ports(live.vm, waker)
+            if rec.auto_resume:  # traffic to its exposed ports brings it back (Core.start)
+                kept = self.runtime.park_ports(live.vm)
                 if kept:
                     self._parked_ports[sandbox_id] = kept
             await self.teardown(live, SandboxState.PAUSED)
@@ -665,29 +661,16 @@ class SandboxManager:
         self._locks.pop(sandbox_id, None)
         return rec
 
-    def _waker(self, sandbox_id: str, owner: str | None) -> Callable[[], Awaitable[None]]:
-        """What a connection to a paused sandbox's exposed port awaits: its resume, placed
-        as any resume (on another host, this connection is refused: it runs there)."""
-
-        async def wake() -> None:
-            if sandbox_id in self.live:
-                return
-            log.info("sandbox %s: traffic to an exposed port resumes it", sandbox_id)
-            who = tenant_of(owner)  # the port is a credential of the sandbox's tenant
-            with contextlib.suppress(InvalidStateError):  # resumed meanwhile
-                if self.resume_placed is not None:
-                    await self.resume_placed(sandbox_id, who)
-                else:
-                    await self.resume(sandbox_id, who=who)
-            if sandbox_id not in self.live:
-                raise NotFoundError(f"sandbox {sandbox_id!r} is not running on this host")
-
-        return wake
-
     def resumed_elsewhere(self, sandbox_id: str) -> None:
         """A sandbox paused here was resumed on another host: the ports it kept listening
         here close (they cannot reach it there)."""
         self._drop_parked_ports(sandbox_id)
+
+    def refuse_traffic(self, sandbox_id: str) -> None:
+        """End the connections that wait on a paused sandbox's kept ports: it is not
+        coming back here now (its ports stay kept for the next)."""
+        if sandbox_id in self._parked_ports:
+            self.runtime.refuse_parked_ports(sandbox_id)
 
     def _drop_parked_ports(self, sandbox_id: str) -> None:
         if self._parked_ports.pop(sandbox_id, None) is not None:

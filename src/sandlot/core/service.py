@@ -29,7 +29,7 @@ from sandlot.core.placement import Peers, Placement
 from sandlot.core.sandboxes import SandboxManager, policy_of
 from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.templates import TemplateStore
-from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal
+from sandlot.core.tenancy import OPERATOR_TENANT, SYSTEM, Principal, tenant_of
 from sandlot.core.usage import UsageSampler
 from sandlot.errors import AuthenticationError, SandlotError
 from sandlot.images.pipeline import image_of
@@ -73,8 +73,6 @@ class Core:
                            running=lambda: len(self.sandboxes.live))
         self.hosts.on_back = self._remove_lost
         self.placement = Placement(self.hosts, self.sandboxes, self.snapshots, peers)
-        self.sandboxes.resume_placed = lambda sandbox_id, who: self.placement.resume(
-            sandbox_id, who=who)  # a port's traffic resumes as any resume: placed
         self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
                                   interval=settings.metrics_interval)
         self.commands = Commands(self.sandboxes.get_live, settings.limits,
@@ -83,6 +81,7 @@ class Core:
         self._reaper: asyncio.Task | None = None
         self._keys: dict[bytes, tuple[Principal, float]] = {}  # key digest -> (who, until)
         self._background: list[asyncio.Task] = []
+        self._waking: set[asyncio.Task] = set()  # resumes by traffic to kept ports
 
     async def start(self, url: str = "") -> None:
         """Open the metadata store, recover, join the deployment (reachable at `url`)."""
@@ -98,16 +97,43 @@ class Core:
                 log.warning("warm pool: template %r: %s", name, e.message)
         self.runtime.keep_warm(warm, new_sandbox_id)
         self._background = [asyncio.create_task(self._import_templates()),
-                            asyncio.create_task(self._gc_loop())]
+                            asyncio.create_task(self._gc_loop()),
+                            asyncio.create_task(self._wake_loop())]
         await self.runtime.start()
         await self.hosts.start(url)
         self.usage.start()
         self._reaper = asyncio.create_task(self._reap_loop())
 
+    async def _wake_loop(self) -> None:
+        """Traffic to a port a paused auto-resume sandbox kept (runtime `park_ports`)
+        resumes it, as a use does."""
+        while True:
+            sandbox_id = await self.runtime.wanted()
+            task = asyncio.create_task(self._wake(sandbox_id))
+            self._waking.add(task)
+            task.add_done_callback(self._waking.discard)
+
+    async def _wake(self, sandbox_id: str) -> None:
+        """Resume the sandbox for its tenant, placed as any resume: its connections wait
+        for it here, or end when it runs on another host or cannot come back now."""
+        log.info("sandbox %s: traffic to a port it kept resumes it", sandbox_id)
+        try:
+            rec = await self.sandboxes.get(sandbox_id, SYSTEM)
+            await self.placement.resume_on_use(sandbox_id, tenant_of(rec.owner))
+        except SandlotError as e:
+            log.warning("sandbox %s: resume by traffic failed: %s", sandbox_id, e.message)
+        if self.sandboxes.is_running(sandbox_id, SYSTEM):
+            return  # its start here adopted the kept ports: the connections go on
+        with contextlib.suppress(SandlotError):
+            rec = await self.sandboxes.get(sandbox_id, SYSTEM)
+            if rec.state == SandboxState.STARTING and rec.host == self.host_id:
+                return  # another call resumes it here: its start adopts the ports
+        self.sandboxes.refuse_traffic(sandbox_id)
+
     async def stop(self, kill_sandboxes: bool = False) -> None:
         await self.usage.stop()
         await self.hosts.stop()
-        for task in [self._reaper, *self._background]:
+        for task in [self._reaper, *self._background, *self._waking]:
             await stop_task(task)
         await self.snapshots.close()
         lives = list(self.sandboxes.live.values())

@@ -10,7 +10,8 @@ need no VM. Core depends on this module only, never on vmm or guest directly.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -260,12 +261,21 @@ class Runtime(abc.ABC):
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
         """A host address and port that reach `port` inside the VM."""
 
-    def park_ports(self, vm: Vm, waker: Callable[[], Awaitable[None]]
-                   ) -> dict[int, tuple[str, int]]:
-        """Before a pause: keep the VM's exposed ports listening after it is killed; a
-        connection awaits `waker` (which restores it under the same id), then is relayed. The
-        next VM of that id adopts them. Returns the ports kept. Default: none are."""
+    def park_ports(self, vm: Vm) -> dict[int, tuple[str, int]]:
+        """Before a pause: keep the VM's exposed ports listening after it is killed. A
+        connection waits until a VM of that id is back (which adopts them) or
+        `refuse_parked_ports`; the VM is then `wanted` once per wait. Returns the ports kept.
+        Default: none are."""
         return {}
+
+    async def wanted(self) -> str:
+        """The id of the next paused VM whose kept ports a connection waits on. Default:
+        never (no port is kept)."""
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    def refuse_parked_ports(self, vm_id: str) -> None:  # noqa: B027 - optional
+        """End the connections waiting on the VM's kept ports (it is not back here)."""
 
     def drop_parked_ports(self, vm_id: str) -> None:  # noqa: B027 - optional
         """Close the ports `park_ports` kept (the sandbox will not come back)."""

@@ -83,6 +83,11 @@ class FakeRuntime(Runtime):
         self.fail_persist: str | None = None
         self.restores = 0
         self.listeners: dict[int, tuple[str, int]] = {}
+        self.kept_ports: dict[int, tuple[str, int]] = {}  # what `park_ports` keeps
+        # What `wanted` answers: put a paused VM's id for a connection to a port it kept.
+        self.traffic: asyncio.Queue[str] = asyncio.Queue()
+        self.refused: list[str] = []  # refuse_parked_ports, in order
+        self.dropped: list[str] = []  # drop_parked_ports, in order
 
 
     def usage(self, vm: Vm) -> Usage | None:
@@ -208,6 +213,18 @@ class FakeRuntime(Runtime):
 
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
         return self.listeners.get(port, ("127.0.0.1", 40000 + port))
+
+    def park_ports(self, vm: Vm) -> dict[int, tuple[str, int]]:
+        return dict(self.kept_ports)
+
+    async def wanted(self) -> str:
+        return await self.traffic.get()
+
+    def refuse_parked_ports(self, vm_id: str) -> None:
+        self.refused.append(vm_id)
+
+    def drop_parked_ports(self, vm_id: str) -> None:
+        self.dropped.append(vm_id)
 
     async def recover(self, expected: dict[str, NetworkPolicy | None],
                       keep_images: set[str]) -> dict[str, Vm]:

@@ -177,9 +177,17 @@ class QemuRuntime(Runtime):
     async def expose(self, vm: Vm, port: int) -> tuple[str, int]:
         return await self._networking().expose(vm.id, port)
 
-    def park_ports(self, vm: Vm, waker: Callable[[], Awaitable[None]]
-                   ) -> dict[int, tuple[str, int]]:
-        return self.network.manager.park(vm.id, waker) if self.network else {}
+    def park_ports(self, vm: Vm) -> dict[int, tuple[str, int]]:
+        return self.network.manager.park(vm.id) if self.network else {}
+
+    async def wanted(self) -> str:
+        if self.network is None:
+            return await super().wanted()
+        return await self.network.manager.wanted()
+
+    def refuse_parked_ports(self, vm_id: str) -> None:
+        if self.network is not None:
+            self.network.manager.refuse(vm_id)
 
     def drop_parked_ports(self, vm_id: str) -> None:
         if self.network is not None:

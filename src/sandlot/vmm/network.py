@@ -48,7 +48,7 @@ import re
 import socket
 import subprocess
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -86,6 +86,10 @@ _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 _SLOT_RE = re.compile(rf"{VETH_PREFIX}(\d+)")
 _REJECT = "reject with icmpx type admin-prohibited"
 _COMMAND_TIMEOUT = 30.0
+# How long a connection to a paused sandbox's kept port waits for it at most (a resume that
+# neither succeeds nor fails in this time: a restore of a large image on a loaded host takes
+# a minute or two under TCG).
+PARKED_WAIT = 300.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -406,6 +410,8 @@ class NetworkManager:
         self._reserved: set[int] = set()
         self._forwarders: dict[str, PortForwarder] = {}
         self._parked: dict[str, PortForwarder] = {}  # ports kept listening while paused
+        # Sandboxes whose parked ports a connection waits on, in order (see `wanted`).
+        self._wanted: asyncio.Queue[str] = asyncio.Queue()
         self._lock = threading.Lock()
         self._base_ready = False
 
@@ -475,8 +481,9 @@ class NetworkManager:
             self._nets[sandbox_id] = net
             parked = self._parked.pop(sandbox_id, None)
             if parked is not None:  # its exposed ports outlived a pause: they relay here again
-                parked.netns, parked.waker = net.namespace, None
                 self._forwarders[sandbox_id] = parked
+        if parked is not None:
+            parked.unpark(net.namespace)
         return net
 
     def abandon(self, pending: PendingNetwork) -> None:
@@ -489,20 +496,33 @@ class NetworkManager:
             with self._lock:
                 self._reserved.discard(pending.net.slot)
 
-    def park(self, sandbox_id: str, waker: Waker) -> dict[int, tuple[str, int]]:
+    def park(self, sandbox_id: str) -> dict[int, tuple[str, int]]:
         """Keep the sandbox's exposed ports listening through its coming teardown (a pause):
-        a connection to one of them first awaits `waker` (which brings the sandbox back),
-        then is relayed as usual. The next `setup` of the sandbox adopts them. Returns the
-        ports kept (guest port -> host address)."""
+        a connection to one of them waits until the sandbox is back (the next `setup` of it
+        adopts them, and the connection is relayed as usual) or `refuse` ends it; its sandbox
+        is then `wanted`. Returns the ports kept (guest port -> host address)."""
         with self._lock:
             forwarder = self._forwarders.pop(sandbox_id, None)
             if forwarder is None or not forwarder.ports():
                 if forwarder is not None:
                     self._forwarders[sandbox_id] = forwarder
                 return {}
-            forwarder.waker = waker
+            forwarder.park(lambda: self._wanted.put_nowait(sandbox_id))
             self._parked[sandbox_id] = forwarder
             return forwarder.ports()
+
+    async def wanted(self) -> str:
+        """The next sandbox whose parked ports got a connection (once per wait: connections
+        that arrive while one waits join it)."""
+        return await self._wanted.get()
+
+    def refuse(self, sandbox_id: str) -> None:
+        """End the connections waiting on the sandbox's parked ports (it is not coming back
+        here now); its ports stay parked for the next."""
+        with self._lock:
+            forwarder = self._parked.get(sandbox_id)
+        if forwarder is not None:
+            forwarder.refuse()
 
     def unpark(self, sandbox_id: str) -> None:
         """Close the ports kept by `park` (the sandbox will not come back)."""
@@ -790,15 +810,13 @@ class NetworkManager:
         _run_all(commands)
 
 
-Waker = Callable[[], Awaitable[None]]
-
-
 class PortForwarder:
     """Relays TCP connections from 127.0.0.1 on the host to a port of the guest.
 
     Each accepted connection gets an upstream socket created inside ``netns`` and connected
-    to ``target``; bytes are copied both ways, half-closes included. While ``waker`` is set
-    (the sandbox is paused), a connection first awaits it. Use from one event loop.
+    to ``target``; bytes are copied both ways, half-closes included. While parked (the
+    sandbox is paused), a connection first waits for `unpark` (relayed) or `refuse` (ended).
+    Use from one event loop; `unpark`, `refuse` and `close` may be called from any thread.
     """
 
     def __init__(self, netns: str, target: str = GUEST_ADDRESS, bind: str = "127.0.0.1",
@@ -811,7 +829,9 @@ class PortForwarder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self.waker: Waker | None = None
+        self._parked = False
+        self._on_wait: Callable[[], None] = lambda: None
+        self._back: asyncio.Future[bool] | None = None  # what connections while parked await
 
     def ports(self) -> dict[int, tuple[str, int]]:
         """Guest port -> the host address that reaches it."""
@@ -835,9 +855,37 @@ class PortForwarder:
         self._servers[port] = (server, (host, host_port))
         return host, host_port
 
-    def close(self) -> None:
-        """Stop listening and drop every relayed connection. Callable from any thread."""
-        self._closed = True
+    def park(self, on_wait: Callable[[], None]) -> None:
+        """From now on a connection waits for `unpark` or `refuse`; the first of each wait
+        calls `on_wait` (in the event loop)."""
+        self._parked, self._on_wait = True, on_wait
+
+    def unpark(self, netns: str) -> None:
+        """The sandbox is back, in namespace `netns`: waiting connections are relayed there."""
+        self.netns, self._parked = netns, False
+        self._call_in_loop(lambda: self._answer(True))
+
+    def refuse(self) -> None:
+        """End the connections waiting now (the sandbox is not back); it stays parked."""
+        self._call_in_loop(lambda: self._answer(False))
+
+    def _answer(self, back: bool) -> None:
+        if self._back is not None and not self._back.done():
+            self._back.set_result(back)
+        self._back = None
+
+    async def _wait_for_sandbox(self) -> None:
+        if self._back is None:
+            self._back = asyncio.get_running_loop().create_future()
+            self._on_wait()
+        try:
+            back = await asyncio.wait_for(asyncio.shield(self._back), PARKED_WAIT)
+        except TimeoutError:
+            back = False
+        if not back:
+            raise InvalidStateError("the sandbox did not come back")
+
+    def _call_in_loop(self, fn: Callable[[], None]) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -846,9 +894,14 @@ class PortForwarder:
         except RuntimeError:
             running = None
         if running is loop:
-            self._close_now()
+            fn()
         else:
-            loop.call_soon_threadsafe(self._close_now)
+            loop.call_soon_threadsafe(fn)
+
+    def close(self) -> None:
+        """Stop listening and drop every relayed connection. Callable from any thread."""
+        self._closed = True
+        self._call_in_loop(self._close_now)
 
     def _close_now(self) -> None:
         for server, _ in self._servers.values():
@@ -866,8 +919,8 @@ class PortForwarder:
         pipes: list[asyncio.Task[None]] = []
         clean = False
         try:
-            if self.waker is not None:
-                await self.waker()  # the sandbox is paused: bring it back first
+            if self._parked:  # the sandbox is paused: wait until it is back
+                await self._wait_for_sandbox()
             sock = run_in_netns(self.netns, _tcp_socket)
             sock.setblocking(False)
             try:
