@@ -25,13 +25,15 @@ from sandlot.errors import CapacityError
 HOSTS = ("a", "b", "c")
 A_SLOTS = 2  # host a is small: a fork there must spread
 HOST_TIMEOUT = 15  # silence before a host is lost: a live host on a loaded machine never is
+DOMAIN = "cluster.test"  # of port URLs (<port>-<sandbox id>.DOMAIN), sent as the Host header
 
 
 @pytest.fixture(scope="module")
 def cluster(s3, postgres, tmp_path_factory):
     hosts = start_cluster(s3, postgres, tmp_path_factory,
                           {name: A_SLOTS if name == "a" else 8 for name in HOSTS}, "cluster",
-                          SANDLOT_HEARTBEAT="1", SANDLOT_HOST_TIMEOUT=str(HOST_TIMEOUT))
+                          SANDLOT_HEARTBEAT="1", SANDLOT_HOST_TIMEOUT=str(HOST_TIMEOUT),
+                          SANDLOT_E2B_DOMAIN=DOMAIN)
     yield hosts
     for srv in hosts.values():
         cleanup(srv)
@@ -243,6 +245,44 @@ def test_a_paused_sandbox_resumes_on_another_host(cluster) -> None:
     finally:
         client(a).hosts.activate("host-a")
     resumed.kill()
+
+
+def test_a_use_of_a_paused_sandbox_resumes_it_where_placement_says(cluster) -> None:
+    """An auto-resume sandbox paused on a host that then has no room: a request to its port
+    URL through that host, and later a call that uses it, each resume it on another host
+    (as a resume through the API would), where the request is answered."""
+    a = cluster["a"]
+    for h in ("host-b", "host-c"):
+        client(a).hosts.drain(h)
+    try:
+        sbx = Sandbox.create(timeout=600, auto_resume=True, **a.client_kwargs())
+    finally:
+        for h in ("host-b", "host-c"):
+            client(a).hosts.activate(h)
+    sid = sbx.sandbox_id
+    sbx.files.write("/root/www/index.html", "served from the sandbox")
+    sbx.commands.run("cd /root/www && exec python3 -m http.server 8000", background=True)
+    port_url = {"host": f"8000-{sid}.{DOMAIN}"}
+    wait_for(lambda: httpx.get(a.url, headers=port_url, timeout=60).status_code == 200,
+             timeout=120)
+    sbx.pause()
+    client(a).hosts.drain("host-a")  # it must come back elsewhere
+    try:
+        r = httpx.get(a.url, headers=port_url, timeout=300)  # wakes it, on b or c
+        assert r.status_code == 200 and r.text == "served from the sandbox"
+        first = client(a).sandboxes.get_info(sid)
+        assert first.state == "running" and first.host in ("host-b", "host-c")
+
+        through(a, sid).pause()
+        assert client(a).sandboxes.get_info(sid).state == "paused"
+        # a call that needs it running, sent to a host that has no room: placed, then
+        # answered where it runs
+        assert through(a, sid).files.read("/root/www/index.html") == "served from the sandbox"
+        again = client(a).sandboxes.get_info(sid)
+        assert again.state == "running" and again.host in ("host-b", "host-c")
+    finally:
+        client(a).hosts.activate("host-a")
+    through(a, sid).kill()
 
 
 def test_a_killed_host_is_lost_and_comes_back_clean(cluster) -> None:

@@ -16,7 +16,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandlot.core.tenancy import NOBODY, SYSTEM, Principal, tenant_of
 from sandlot.errors import NotFoundError, SandlotError
 from sandlot.server.auth import bearer_key
-from sandlot.server.forward import forwarded, relay_to_host, sandbox_of
+from sandlot.server.forward import sandbox_of
+from sandlot.server.ports import relay_to_host
+from sandlot.server.relay import forwarded
 
 log = logging.getLogger(__name__)
 # the sandbox itself (GET, DELETE) and its lifecycle calls: they never resume it by themselves

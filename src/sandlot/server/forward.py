@@ -33,6 +33,7 @@ from sandlot.server.relay import (
     FORWARDED,
     HOP_BY_HOP,
     PRINCIPAL,
+    forwarded,
     request_body,
     send_answer,
 )
@@ -198,27 +199,6 @@ class ForwardToOwner:
                                              fallback=here if reads else None)
 
 
-async def relay_to_host(scope: Scope, receive: Receive, send: Send, core,
-                        host_id: str | None) -> bool:
-    """Send a request on to `host_id` when that is another live host of the deployment (a
-    sandbox a use just resumed there, where placement put it): HTTP, or a WebSocket whose
-    `websocket.connect` was received. False: it is answered here (this host, a host that is
-    gone, or a request a peer sent here already)."""
-    if not host_id or forwarded(scope):
-        return False
-    url = await core.hosts.url_of(host_id)
-    if url is None:
-        return False
-    peers = scope["app"].state.peers
-    if scope["type"] == "websocket":
-        host, port, tls = ports.peer_address(url)
-        await ports.relay_websocket(scope, receive, send, host, port,
-                                    (FORWARDED.encode(), peers.token.encode()), tls)
-    else:
-        await peers.relay(scope, receive, send, url)
-    return True
-
-
 def _signed_file_url(scope: Scope) -> bool:
     """E2B's download_url()/upload_url(): /files naming no sandbox, only a signature."""
     return (scope.get("path") in SIGNED_FILE_PATHS and b"signature=" in
@@ -259,11 +239,3 @@ def forwarded_from(scope: Scope) -> str | None:
     return None
 
 
-def forwarded(scope: Scope) -> bool:
-    """A request another host of the deployment sent here (a client cannot fake one: the
-    header must carry the deployment's peer token)."""
-    peers = getattr(scope["app"].state, "peers", None)
-    if peers is None or not peers.token:
-        return False
-    return any(k == FORWARDED.encode() and v == peers.token.encode()
-               for k, v in scope.get("headers") or ())

@@ -159,8 +159,6 @@ class PortRoutes:
             await deny(scope, send, e.status, e.message, sandbox_id)
             return
         except ResumedElsewhere as e:  # placement resumed it on another host: on to there
-            from sandlot.server.forward import relay_to_host
-
             if not await relay_to_host(scope, receive, send, self.get_core(), e.host):
                 await deny(scope, send, 503, f"sandbox {sandbox_id} was resumed on host "
                                              f"{e.host}, which does not answer", sandbox_id)
@@ -197,11 +195,9 @@ class PortRoutes:
             if not rec.auto_resume:
                 raise PortError(409, f"sandbox {sandbox_id} is paused; resume it (connect) or "
                                      "create it with auto_resume to wake it by traffic")
-            from sandlot.server.forward import forwarded
-
             try:  # placed as a resume through the API is (core/placement.py)
                 resumed = await core.placement.resume_on_use(sandbox_id, who,
-                                                             placed=forwarded(scope))
+                                                             placed=relay.forwarded(scope))
             except SandlotError as e:
                 raise PortError(502, f"sandbox {sandbox_id} could not be resumed: "
                                      f"{e.message or e}") from None
@@ -382,3 +378,24 @@ def peer_address(url: str) -> tuple[str, int, bool]:
     parts = urlsplit(url)
     tls = parts.scheme == "https"
     return parts.hostname or "", parts.port or (443 if tls else 80), tls
+
+
+async def relay_to_host(scope: Scope, receive: Receive, send: Send, core,
+                        host_id: str | None) -> bool:
+    """Send a request on to `host_id` when that is another live host of the deployment (a
+    sandbox a use just resumed there, where placement put it): HTTP, or a WebSocket whose
+    `websocket.connect` was received. False: it is answered here (this host, a host that is
+    gone, or a request a peer sent here already)."""
+    if not host_id or relay.forwarded(scope):
+        return False
+    url = await core.hosts.url_of(host_id)
+    if url is None:
+        return False
+    peers = scope["app"].state.peers
+    if scope["type"] == "websocket":
+        host, port, tls = peer_address(url)
+        await relay_websocket(scope, receive, send, host, port,
+                              (relay.FORWARDED.encode(), peers.token.encode()), tls)
+    else:
+        await peers.relay(scope, receive, send, url)
+    return True

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import httpx
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 # What a host of the deployment says on its calls to another (forward.py): the peer token, the
@@ -49,3 +49,13 @@ async def send_answer(send: Send, response: httpx.Response, where: str) -> None:
         log.warning("the answer of %s broke off: %s", where, e)
     finally:
         await response.aclose()
+
+
+def forwarded(scope: Scope) -> bool:
+    """A request another host of the deployment sent here (a client cannot fake one: the
+    header must carry the deployment's peer token)."""
+    peers = getattr(scope["app"].state, "peers", None)
+    if peers is None or not peers.token:
+        return False
+    return any(k == FORWARDED.encode() and v == peers.token.encode()
+               for k, v in scope.get("headers") or ())

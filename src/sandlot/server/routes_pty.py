@@ -25,7 +25,7 @@ from sandlot.core.models import ExecRequest, TerminalSize
 from sandlot.core.tenancy import Principal
 from sandlot.errors import AuthenticationError, NotFoundError, SandlotError
 from sandlot.server.errors import public_message
-from sandlot.server.forward import forwarded
+from sandlot.server.relay import forwarded
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["commands"])

@@ -20,8 +20,9 @@ from sandlot.errors import InvalidArgumentError, SandlotError
 from sandlot.server.auth import who
 from sandlot.server.deps import core
 from sandlot.server.errors import public_message
-from sandlot.server.forward import forwarded, forwarded_from
+from sandlot.server.forward import forwarded_from
 from sandlot.server.metrics import timed
+from sandlot.server.relay import forwarded
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 

@@ -14,8 +14,8 @@ from sandlot.core.models import (
 )
 from sandlot.server.auth import who
 from sandlot.server.deps import core
-from sandlot.server.forward import forwarded
 from sandlot.server.metrics import timed
+from sandlot.server.relay import forwarded
 from sandlot.server.routes_sandboxes import ForkResult, fork_result
 
 router = APIRouter(tags=["snapshots"])

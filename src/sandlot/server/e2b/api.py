@@ -38,7 +38,7 @@ from sandlot.server.e2b import convert
 from sandlot.server.e2b.errors import Unsupported, WrongMethod, api_error
 from sandlot.server.e2b.state import E2BState, e2b_state
 from sandlot.server.errors import public_message
-from sandlot.server.forward import forwarded
+from sandlot.server.relay import forwarded
 
 PREFIX = "/e2b"
 MAX_PAGE = 100
