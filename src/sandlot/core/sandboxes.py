@@ -115,6 +115,17 @@ class SandboxManager:
             raise NotFoundError(f"sandbox {sandbox_id!r} not found or not running")
         return live
 
+    def running(self, sandbox_id: str, who: Principal) -> SandboxRecord:
+        """The record of a sandbox running on this host, or NotFoundError (also for another
+        tenant's)."""
+        return self.get_live(sandbox_id, who).record
+
+    async def refresh(self, sandbox_id: str, seconds: int, who: Principal) -> None:
+        """Keep a running sandbox at least `seconds` more (E2B's refresh: never shortens)."""
+        rec = self.running(sandbox_id, who)
+        if rec.expires_at is not None and now() + timedelta(seconds=seconds) > rec.expires_at:
+            await self.set_timeout(sandbox_id, seconds, who=who)
+
     def running_here(self) -> list[str]:
         """The ids of the sandboxes this host runs."""
         return list(self.live)

@@ -187,7 +187,7 @@ async def sandbox_metrics(sandbox_id: str, request: Request, start: float | None
     SANDLOT_METRICS_INTERVAL seconds (an hour is kept), between `start` and `end` (seconds
     since the epoch)."""
     c = core(request)
-    c.sandboxes.get_live(sandbox_id, who(request))
+    c.sandboxes.running(sandbox_id, who(request))
     return MetricList(metrics=c.usage.history(sandbox_id, start, end))
 
 

@@ -10,7 +10,7 @@ import base64
 import binascii
 import urllib.parse
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
@@ -23,7 +23,6 @@ from sandlot.core.models import (
     SandboxRecord,
     SandboxState,
     SnapshotState,
-    now,
 )
 from sandlot.errors import (
     AuthenticationError,
@@ -273,7 +272,7 @@ async def sandbox_metrics(sandbox_id: str, request: Request, start: int | None =
                           end: int | None = None) -> JSONResponse:
     """E2B's metrics: the host's samples of the sandbox's CPU, memory and disk use."""
     c = core(request)
-    c.sandboxes.get_live(sandbox_id, who(request))
+    c.sandboxes.running(sandbox_id, who(request))
     return JSONResponse([convert.metric(m) for m in c.usage.history(sandbox_id, start, end)])
 
 
@@ -377,11 +376,8 @@ async def set_timeout(sandbox_id: str, body: TimeoutBody, request: Request) -> R
 @router.post("/sandboxes/{sandbox_id}/refreshes")
 async def refresh(sandbox_id: str, request: Request, body: RefreshBody | None = None
                   ) -> Response:
-    c, caller = core(request), who(request)
-    rec = c.sandboxes.get_live(sandbox_id, caller).record
-    duration = (body.duration if body else None) or 60
-    if rec.expires_at is not None and now() + timedelta(seconds=duration) > rec.expires_at:
-        await c.sandboxes.set_timeout(sandbox_id, duration, who=caller)
+    await core(request).sandboxes.refresh(sandbox_id, (body.duration if body else None) or 60,
+                                          who(request))
     return Response(status_code=204)
 
 
