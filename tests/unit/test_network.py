@@ -28,6 +28,7 @@ import pytest
 from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
 from sandlot.testing import unused_subnet
 from sandlot.vmm import network
+from sandlot.vmm.netns import run_in_netns
 from sandlot.vmm.network import (
     DNS_ADDRESS,
     GATEWAY_ADDRESS,
@@ -35,7 +36,6 @@ from sandlot.vmm.network import (
     NetworkManager,
     NetworkPolicy,
     SandboxNetwork,
-    run_in_netns,
 )
 
 pytestmark = [
