@@ -11,8 +11,9 @@ test's own process through httpx transports: the SDKs run against it with no VM 
 `S3Server`, `PostgresServer`, `RegistryServer`: real third-party servers on loopback.
 
 Every server here runs in a process group of its own, is stopped by its owner (`stop`, `close`)
-and, should the owner not get there, when this process exits. Ports: a server binds the port it
-is given; one found taken by the time it binds is replaced by another and the start retried.
+and, should the owner not get there, when this process exits. Ports: a server in this process
+serves on a socket already bound to port 0 (`loopback_socket`); a server in another process binds
+the port it is given, and one found taken by the time it binds is replaced and the start retried.
 """
 
 from __future__ import annotations
@@ -59,8 +60,20 @@ def patched_environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
+def loopback_socket() -> socket.socket:
+    """A TCP socket bound to a loopback port the kernel chose (port 0), for a server of this
+    process to serve on (uvicorn: `Server.serve(sockets=[sock])`): the port is the server's
+    from the start, so no other process can take it meanwhile."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def free_port() -> int:
-    """A loopback port free now (its server may lose it to another: see `_PortTaken`)."""
+    """A loopback port free now, for a server in another process that takes no port 0 or
+    socket (`sandlot serve`, SeaweedFS, PostgreSQL): it may lose the port to another before it
+    binds it, so its start retries on another (`_PortTaken`). In this process: `loopback_socket`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
