@@ -17,8 +17,17 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness import IMAGES_DIR, Server, cleanup, make_server  # noqa: F401
 from sandlot import testing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _net_table() -> Iterator[None]:
+    """The run's nft table (harness.NET_TABLE, its servers'), removed once they are gone (the
+    first session fixture set up, so the last torn down)."""
+    yield
+    testing.remove_net_table(harness.NET_TABLE)
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,10 @@ Server = testing.ServerProcess
 qemu_pids = qemus_under
 # This run's tag: every server's instance starts with it, so what a server names host-wide
 # (run dir, tmpfs files, network namespaces and veth aliases, VM uids, cgroups) is this run's
-# alone, even with another run on the host (a pid may repeat across pid namespaces).
+# alone, even with another run on the host (a pid may repeat across pid namespaces); and its
+# servers' nft table and veths are named after it.
 RUN = "t" + secrets.token_hex(3)
+NET_TABLE = f"sandlot_{RUN[1:]}"  # its servers' nft table (conftest removes it at the end)
 
 
 def make_server(tmp_root: Path, name: str) -> Server:
@@ -40,7 +42,8 @@ def make_server(tmp_root: Path, name: str) -> Server:
         raise ValueError(f"instance {instance!r}: the name must be 1-9 of [a-z0-9]")
     return Server(data_dir=tmp_root / f"data-{name}", instance=instance,
                   log_path=tmp_root / f"server-{name}.log",
-                  extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1"})
+                  extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1",
+                             "SANDLOT_NET_TABLE": NET_TABLE})
 
 
 def cleanup(server: Server) -> None:

@@ -271,23 +271,40 @@ class ServerProcess:
         shutil.rmtree(self.run_root, ignore_errors=True)
         unmount_under(self.shm_root)  # lazy images' mounts (their processes end with them)
         shutil.rmtree(self.shm_root, ignore_errors=True)
-        remove_networks(self.instance)
+        remove_networks(self.instance, self.env.get("SANDLOT_NET_TABLE") or None)
         Jails(self.instance).recover(keep=set())  # its VMs' uids, cgroups and mount tables
         _untrack(self)
 
 
-def remove_networks(instance: str) -> None:
-    """Remove the network namespaces, veths and rules a server of `instance` left."""
+def remove_networks(instance: str, table: str | None = None) -> None:
+    """Remove the network namespaces, veths and rules a server of `instance` left (its nft
+    table `table`, default the deployments' `sandlot`)."""
     from sandlot.runtime.network import network_owner
-    from sandlot.vmm.network import NetworkManager
+    from sandlot.vmm.network import TABLE, NetworkManager
 
     if os.geteuid() != 0 or not shutil.which("nft"):
         return
     try:
-        NetworkManager(dns_servers=["127.0.0.1"], owner=network_owner(instance)).cleanup_stale(
-            set())
+        NetworkManager(dns_servers=["127.0.0.1"], owner=network_owner(instance),
+                       table=table or TABLE).cleanup_stale(set())
     except Exception:  # noqa: BLE001 - best effort: the next server of that name cleans too
         pass
+
+
+def remove_net_table(table: str, timeout: float = 30) -> bool:
+    """Delete the nft table `inet <table>` (a test run's own) once its servers are gone and
+    the kernel has removed their veths; whether it is gone."""
+    from sandlot.vmm.network import NetworkManager
+
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        return True
+    manager = NetworkManager(dns_servers=["127.0.0.1"], table=table)
+    deadline = time.monotonic() + timeout
+    while not manager.remove_table():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 # ---- in process, on the fake machine layer ----------------------------------------------
