@@ -56,7 +56,7 @@ from sandlot.server.e2b import router as e2b_router
 from sandlot.server.e2b.convert import permissions, resolve
 from sandlot.server.e2b.envd import envd_call
 from sandlot.server.e2b.filesystem import _resolve
-from sandlot.testing import free_port, in_process
+from sandlot.testing import in_process, loopback_socket
 
 PREFIX = "/e2b/envd-crpc"
 PREFIX_GZIP = "/e2b/envd-crpc-gzip"  # connectrpc's default: gzip when the client accepts it
@@ -323,10 +323,10 @@ async def serve(app, transport: str) -> AsyncIterator[httpx.AsyncClient]:
         return
     import uvicorn
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off", http="h11"))
-    task = asyncio.get_running_loop().create_task(server.serve())
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http="h11"))
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started:
         await asyncio.sleep(0.02)
     try:

@@ -45,8 +45,8 @@ def objects() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {
         "netns": sorted(_run("ip", "netns", "list").split("\n")),
         "links": sorted(n for n in os.listdir("/sys/class/net") if n.startswith(("slv", "slt"))),
-        # `inet sandlot` is the servers' shared table, there to stay: its per-sandbox objects
-        # are checked below
+        # `inet sandlot` is the deployments' table, there to stay (a test run's, `inet
+        # sandlot_<tag>`, goes with the run): the per-sandbox objects of each are checked below
         "nft tables": sorted(set(_run("nft", "list", "tables").splitlines())
                              - {"table inet sandlot"}),
         "dirs": [d for d in _glob("sandlot-*", "/run") + _glob("sandlot-*", "/dev/shm")
@@ -56,13 +56,16 @@ def objects() -> dict[str, list[str]]:
         "vm uids": _glob("*", "/run/sandlot-uids") if Path("/run/sandlot-uids").is_dir() else [],
     }
     out["netns"] = [n.split()[0] for n in out["netns"] if n.strip()]
-    raw = _run("nft", "-j", "list", "table", "inet", "sandlot") or '{"nftables": []}'
+    tables = re.findall(r"^table inet (sandlot(?:_[a-z0-9]+)?)$", _run("nft", "list", "tables"),
+                        re.MULTILINE)
     nft = []
-    for item in json.loads(raw).get("nftables", []):
-        for kind in ("chain", "set"):
-            name = item.get(kind, {}).get("name", "")
-            if re.fullmatch(r"(eg|al|dn)-\d+", name):
-                nft.append(f"inet sandlot {kind} {name}")
+    for table in tables:
+        raw = _run("nft", "-j", "list", "table", "inet", table) or '{"nftables": []}'
+        for item in json.loads(raw).get("nftables", []):
+            for kind in ("chain", "set"):
+                name = item.get(kind, {}).get("name", "")
+                if re.fullmatch(r"(eg|al|dn)-\d+", name):
+                    nft.append(f"inet {table} {kind} {name}")
     out["nft objects"] = sorted(nft)
     return out
 

@@ -2,7 +2,8 @@
 images built by `make setup`; SDK clients pointed at it; a sandbox factory that cleans up.
 
 Markers say what a test needs (`pytest_collection_modifyitems`): `vm` for every test under
-tests/vm and tests/e2b and every test that starts a sandlot server (`-m "not vm"` starts no VM),
+tests/vm and tests/e2b and every test that starts a sandlot server (`-m "not vm"` starts no VM:
+a test not marked `vm` that starts a server, or leaves a QEMU in a run of no `vm` test, fails),
 `s3` and `postgres` for those that use the session's S3 server or PostgreSQL.
 """
 
@@ -17,8 +18,17 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness import IMAGES_DIR, Server, cleanup, make_server  # noqa: F401
 from sandlot import testing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _net_table() -> Iterator[None]:
+    """The run's nft table (harness.NET_TABLE, its servers'), removed once they are gone (the
+    first session fixture set up, so the last torn down)."""
+    yield
+    testing.remove_net_table(harness.NET_TABLE)
 
 
 @pytest.fixture(scope="session")
@@ -94,9 +104,12 @@ def pytest_runtest_protocol(item, nextitem):
     srv = _session.get("server")
     if srv is not None and item.path in _server_modules:
         os.environ.update(_server_env(srv))
+    if item.get_closest_marker("vm") is None:
+        harness.unmarked[:] = [item.nodeid]
     try:
         return (yield)
     finally:
+        harness.unmarked.clear()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -181,6 +194,24 @@ def sandbox_factory(server):
 VM_DIRS = ("vm", "e2b")  # tests/vm, tests/e2b: every test there may start a VM
 VM_FIXTURES = {"server", "own_server", "server_factory", "sandbox_factory", "sbx"}
 NEEDS = ("s3", "postgres")  # fixtures named as their markers
+
+
+@pytest.fixture(autouse=True)
+def _no_vm_unless_marked(request) -> Iterator[None]:
+    """In a run of no `vm` test (`-m "not vm"`), a QEMU of this run alive after a test fails
+    that test (a server start in a test not marked `vm` fails at once: harness.make_server)."""
+    yield
+    if not _vm_run and request.node.get_closest_marker("vm") is None:
+        if left := harness.own_qemus():
+            pytest.fail(f"QEMU {left} started by a test not marked `vm`: give it the marker")
+
+
+_vm_run = True  # a `vm` test is among the tests to run (pytest_collection_finish)
+
+
+def pytest_collection_finish(session) -> None:
+    global _vm_run
+    _vm_run = any(item.get_closest_marker("vm") for item in session.items)
 
 
 def pytest_collection_modifyitems(config, items):

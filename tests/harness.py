@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import io
 import ipaddress
+import os
 import random
 import re
 import secrets
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from sandlot import testing
+from sandlot.vmm.processes import cmdline as qemu_cmdline
 from sandlot.vmm.processes import qemus_under
 
 IMAGES_DIR = testing.IMAGES_DIR
@@ -26,21 +28,59 @@ Server = testing.ServerProcess
 qemu_pids = qemus_under
 # This run's tag: every server's instance starts with it, so what a server names host-wide
 # (run dir, tmpfs files, network namespaces and veth aliases, VM uids, cgroups) is this run's
-# alone, even with another run on the host (a pid may repeat across pid namespaces).
+# alone, even with another run on the host (a pid may repeat across pid namespaces); and its
+# servers' nft table and veths are named after it.
 RUN = "t" + secrets.token_hex(3)
+NET_TABLE = f"sandlot_{RUN[1:]}"  # its servers' nft table (conftest removes it at the end)
+
+
+# The test running now when it is not marked `vm` (conftest sets it): it may start no server.
+unmarked: list[str] = []
+
+
+def own_qemus() -> list[int]:
+    """The QEMUs of this run: under a run dir of one of its servers, or below this process."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not os.readlink(entry / "exe").rsplit("/", 1)[-1].startswith("qemu-system"):
+                continue
+        except OSError:
+            continue
+        pid = int(entry.name)
+        if f"/run/sandlot-{RUN}" in qemu_cmdline(pid) or me in _ancestors(pid):
+            found.append(pid)
+    return found
+
+
+def _ancestors(pid: int) -> set[int]:
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return seen
 
 
 def make_server(tmp_root: Path, name: str) -> Server:
     """A server with its own data dir and instance (`RUN` + `name`: at most 16 characters of
     [a-z0-9] in all, its network owner tag); the test session's servers share one store (the
-    templates are given to it once)."""
+    templates are given to it once). Only for a test marked `vm` (conftest marks those)."""
+    if unmarked:
+        raise RuntimeError(f"{unmarked[0]} starts a sandlot server (VMs) but is not marked "
+                           "`vm`: give it the marker (or a fixture in conftest's VM_FIXTURES)")
     store = tmp_root.parent / "store"
     instance = RUN + name
     if not re.fullmatch(r"[a-z0-9]{1,16}", instance):
         raise ValueError(f"instance {instance!r}: the name must be 1-9 of [a-z0-9]")
     return Server(data_dir=tmp_root / f"data-{name}", instance=instance,
                   log_path=tmp_root / f"server-{name}.log",
-                  extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1"})
+                  extra_env={"SANDLOT_STORE": str(store), "SANDLOT_METRICS_INTERVAL": "1",
+                             "SANDLOT_NET_TABLE": NET_TABLE})
 
 
 def cleanup(server: Server) -> None:

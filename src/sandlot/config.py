@@ -170,10 +170,12 @@ class Settings:
     # port of the sandbox (server/ports.py). None: no such names are served.
     e2b_domain: str | None = None
     # sandbox networking (runtime/network.py): SANDLOT_NETWORK (off: QEMU's user network, no
-    # outbound access), SANDLOT_DNS (upstream resolvers; (): the host's), SANDLOT_NET_POOL
+    # outbound access), SANDLOT_DNS (upstream resolvers; (): the host's), SANDLOT_NET_POOL,
+    # SANDLOT_NET_TABLE (the host's nft table `inet <name>`: one per deployment or test run)
     network: bool = True
     dns_servers: tuple[str, ...] = ()
     net_pool: str = "10.200.0.0/16"
+    net_table: str = "sandlot"
     api_key: str | None = None  # SANDLOT_API_KEY: an admin key the server adds at its start
     log_level: str = "INFO"  # SANDLOT_LOG
     console_dir: Path | None = None  # SANDLOT_CONSOLE_DIR: a built console (default console/dist)
@@ -242,6 +244,7 @@ class Settings:
                    dns_servers=tuple(s.strip() for s in os.environ.get("SANDLOT_DNS", "")
                                      .split(",") if s.strip()),
                    net_pool=os.environ.get("SANDLOT_NET_POOL", "10.200.0.0/16"),
+                   net_table=os.environ.get("SANDLOT_NET_TABLE") or "sandlot",
                    api_key=os.environ.get("SANDLOT_API_KEY") or None,
                    log_level=os.environ.get("SANDLOT_LOG", "INFO"),
                    console_dir=Path(os.environ["SANDLOT_CONSOLE_DIR"])

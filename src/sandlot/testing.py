@@ -11,8 +11,9 @@ test's own process through httpx transports: the SDKs run against it with no VM 
 `S3Server`, `PostgresServer`, `RegistryServer`: real third-party servers on loopback.
 
 Every server here runs in a process group of its own, is stopped by its owner (`stop`, `close`)
-and, should the owner not get there, when this process exits. Ports: a server binds the port it
-is given; one found taken by the time it binds is replaced by another and the start retried.
+and, should the owner not get there, when this process exits. Ports: a server in this process
+serves on a socket already bound to port 0 (`loopback_socket`); a server in another process binds
+the port it is given, and one found taken by the time it binds is replaced and the start retried.
 """
 
 from __future__ import annotations
@@ -59,8 +60,20 @@ def patched_environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
+def loopback_socket() -> socket.socket:
+    """A TCP socket bound to a loopback port the kernel chose (port 0), for a server of this
+    process to serve on (uvicorn: `Server.serve(sockets=[sock])`): the port is the server's
+    from the start, so no other process can take it meanwhile."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def free_port() -> int:
-    """A loopback port free now (its server may lose it to another: see `_PortTaken`)."""
+    """A loopback port free now, for a server in another process that takes no port 0 or
+    socket (`sandlot serve`, SeaweedFS, PostgreSQL): it may lose the port to another before it
+    binds it, so its start retries on another (`_PortTaken`). In this process: `loopback_socket`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -258,23 +271,40 @@ class ServerProcess:
         shutil.rmtree(self.run_root, ignore_errors=True)
         unmount_under(self.shm_root)  # lazy images' mounts (their processes end with them)
         shutil.rmtree(self.shm_root, ignore_errors=True)
-        remove_networks(self.instance)
+        remove_networks(self.instance, self.env.get("SANDLOT_NET_TABLE") or None)
         Jails(self.instance).recover(keep=set())  # its VMs' uids, cgroups and mount tables
         _untrack(self)
 
 
-def remove_networks(instance: str) -> None:
-    """Remove the network namespaces, veths and rules a server of `instance` left."""
+def remove_networks(instance: str, table: str | None = None) -> None:
+    """Remove the network namespaces, veths and rules a server of `instance` left (its nft
+    table `table`, default the deployments' `sandlot`)."""
     from sandlot.runtime.network import network_owner
-    from sandlot.vmm.network import NetworkManager
+    from sandlot.vmm.network import TABLE, NetworkManager
 
     if os.geteuid() != 0 or not shutil.which("nft"):
         return
     try:
-        NetworkManager(dns_servers=["127.0.0.1"], owner=network_owner(instance)).cleanup_stale(
-            set())
+        NetworkManager(dns_servers=["127.0.0.1"], owner=network_owner(instance),
+                       table=table or TABLE).cleanup_stale(set())
     except Exception:  # noqa: BLE001 - best effort: the next server of that name cleans too
         pass
+
+
+def remove_net_table(table: str, timeout: float = 30) -> bool:
+    """Delete the nft table `inet <table>` (a test run's own) once its servers are gone and
+    the kernel has removed their veths; whether it is gone."""
+    from sandlot.vmm.network import NetworkManager
+
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        return True
+    manager = NetworkManager(dns_servers=["127.0.0.1"], table=table)
+    deadline = time.monotonic() + timeout
+    while not manager.remove_table():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 # ---- in process, on the fake machine layer ----------------------------------------------

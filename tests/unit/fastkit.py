@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from dataclasses import dataclass, field
 
 import httpx
 import uvicorn
 
-from sandlot.testing import free_port
+from sandlot.testing import loopback_socket
 
 URL = "http://sandlot.test"
 
@@ -59,17 +60,18 @@ class Fast:
 
 
 @contextlib.asynccontextmanager
-async def serving(app, port: int | None = None):
-    """`app` under uvicorn on a loopback port (its own by default), lifespan included."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning", ws="auto"))
-    task = asyncio.create_task(server.serve())
+async def serving(app, sock: socket.socket | None = None):
+    """`app` under uvicorn on loopback, lifespan included, serving on `sock` (a
+    `loopback_socket`: pass one to know the port before the app is made) or a socket of its
+    own; yields the port."""
+    sock = sock or loopback_socket()
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", ws="auto"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         assert not task.done(), "the server did not start"
         await asyncio.sleep(0.02)
     try:
-        yield port
+        yield sock.getsockname()[1]
     finally:
         server.should_exit = True
         await task

@@ -89,5 +89,12 @@ def test_image_and_capture_settings_from_the_environment(monkeypatch) -> None:
                                   "vfs", False)
 
 
+def test_the_net_table_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("SANDLOT_NET_TABLE", raising=False)
+    assert Settings.from_env("/tmp/sandlot-config-test").net_table == "sandlot"
+    monkeypatch.setenv("SANDLOT_NET_TABLE", "sandlot_ab12")
+    assert Settings.from_env("/tmp/sandlot-config-test").net_table == "sandlot_ab12"
+
+
 def test_write_tracking_off_preloads_nothing() -> None:
     assert write_tracking.qemu_env(False) == {}

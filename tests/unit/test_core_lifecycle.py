@@ -81,16 +81,16 @@ async def test_a_failed_pause_upload_stops_the_sandbox_with_the_reason(api) -> N
     assert info["state"] == "stopped" and "store unreachable" in info["error"]
 
 
+@pytest.mark.timeout(120)  # a wait that ran to its deadline (300 s) would end here
 async def test_snapshot_completion_is_awaited_not_polled(api) -> None:
     sid = (await create(api))["sandbox_id"]
     api.srv.runtime.persist_delay = 0.3
     r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
     snap = r.json()
     assert snap["state"] == "creating"
-    t0 = time.monotonic()
-    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 120})
     # ready, and answered when the capture was done, not at the wait's deadline
-    assert r.json()["state"] == "ready" and time.monotonic() - t0 < 60
+    r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 300})
+    assert r.json()["state"] == "ready"
     r = await api.post(f"/v1/snapshots/{snap['snapshot_id']}/wait", params={"timeout": 10})
     assert r.json()["state"] == "ready"  # done: answers at once
     api.srv.runtime.persist_delay = 5

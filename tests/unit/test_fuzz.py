@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
 from sandlot.server.e2b import api as e2b_api
-from sandlot.testing import fake_settings, free_port, install_fake_template
+from sandlot.testing import fake_settings, install_fake_template, loopback_socket
 
 ST = Path(sys.executable).with_name("schemathesis")
 EXAMPLES = 8
@@ -61,13 +61,14 @@ def http_server(tmp_path):
     settings = fake_settings(tmp_path / "srv", api_key=key,  # an admin key the server adds
                              registries="registry.invalid")  # no pull reaches the network
     install_fake_template(settings, runtime)
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(settings, runtime=runtime),
-                                           host="127.0.0.1", port=port, log_config=None,
-                                           loop="asyncio", timeout_graceful_shutdown=5))
+                                           log_config=None, loop="asyncio",
+                                           timeout_graceful_shutdown=5))
     caught = Tracebacks()
     logging.getLogger().addHandler(caught)
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:

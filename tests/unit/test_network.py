@@ -3,7 +3,8 @@
     host ── slti<sfx> N.1/24 ═ netns slt-inet-<sfx>:   (N: a /24 of 198.18.0.0/15 this run's own)
                                           N.2 banner :80, echo :7, dnsmasq :53
                                           N.3 banner :80
-    host ── slv<slot> ═ sl-<owner>.<id> ── tap0 (veth) ═ slt-g-<id>: eth0 10.0.2.15/24, gw 10.0.2.2
+    host ── slt<sfx>v<slot> ═ sl-<owner>.<id> ── tap0 (veth) ═ slt-g-<id>:
+                                        eth0 10.0.2.15/24, gw 10.0.2.2
 
 Nothing here talks to anything outside this machine. Needs root, ip, nft and dnsmasq.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import pytest
 
 from sandlot.errors import InvalidArgumentError, InvalidStateError, SandboxError
-from sandlot.testing import unused_subnet
+from sandlot.testing import remove_net_table, unused_subnet
 from sandlot.vmm import network
 from sandlot.vmm.netns import run_in_netns
 from sandlot.vmm.network import (
@@ -51,6 +52,8 @@ INET_NS = f"slt-inet-{SFX}"
 INET_VETH = f"slti{SFX}"
 INET = unused_subnet()  # not another run's
 OWNER = f"t{SFX}"  # the managers' here: their names are this run's (another's come and go)
+# ... and their nft table, whose veths are VETH<slot> (`inet sandlot`, slv<slot>: deployments')
+TABLE, VETH = f"sandlot_{SFX}", f"slt{SFX}v"
 INET_HOST, INET_A, INET_B = (str(INET[i]) for i in (1, 2, 3))
 POOL = "10.209.0.0/16"
 TIMEOUT = 1.0
@@ -200,13 +203,13 @@ def _alias(link: str) -> str:
 
 
 def host_state() -> tuple[set[str], set[str], set[str]]:
-    """(sl-* namespaces, slv* links, per-sandbox nft objects) of this run's owner on the host
+    """(sl-* namespaces, VETH* links, per-sandbox nft objects) of this run's owner on the host
     right now: another owner's (a server's, another run's) come and go meanwhile. The nft
     objects of a slot whose veth is another owner's are theirs."""
     namespaces = {n for n in os.listdir("/run/netns")} if os.path.isdir("/run/netns") else set()
-    links = {n: _alias(n) for n in os.listdir("/sys/class/net") if n.startswith("slv")}
-    theirs = {n[len("slv"):] for n, alias in links.items() if not alias.startswith(f"{OWNER}.")}
-    out = sh("nft", "-j", "list", "table", "inet", "sandlot", check=False) or '{"nftables": []}'
+    links = {n: _alias(n) for n in os.listdir("/sys/class/net") if n.startswith(VETH)}
+    theirs = {n[len(VETH):] for n, alias in links.items() if not alias.startswith(f"{OWNER}.")}
+    out = sh("nft", "-j", "list", "table", "inet", TABLE, check=False) or '{"nftables": []}'
     objects = set()
     for item in json.loads(out)["nftables"]:
         for kind in ("chain", "set"):
@@ -215,10 +218,10 @@ def host_state() -> tuple[set[str], set[str], set[str]]:
                 objects.add(name)
         if item.get("map", {}).get("name") == "egress":
             for element in item["map"].get("elem", []):
-                if str(element[0]).strip('"')[len("slv"):] not in theirs:
+                if str(element[0]).strip('"')[len(VETH):] not in theirs:
                     objects.add(f"element {element[0]}")
     return ({n for n in namespaces if n.startswith(f"sl-{OWNER}.")},
-            {n for n in links if n[len("slv"):] not in theirs}, objects)
+            {n for n in links if n[len(VETH):] not in theirs}, objects)
 
 
 @dataclass
@@ -261,8 +264,9 @@ def internet() -> Iterator[Internet]:
 
 
 @pytest.fixture(scope="module")
-def manager() -> NetworkManager:
-    return NetworkManager(dns_servers=[INET_A], pool=POOL, owner=OWNER)
+def manager() -> Iterator[NetworkManager]:
+    yield NetworkManager(dns_servers=[INET_A], pool=POOL, owner=OWNER, table=TABLE)
+    remove_net_table(TABLE)
 
 
 @dataclass
@@ -311,6 +315,41 @@ def test_outbound_is_masqueraded_and_dns_works(sandbox: Callable[..., Guest]) ->
     assert fetch(guest.netns, INET_B, 80) == f"B {INET_HOST}\n"
     assert dns_query(guest.netns, "example.test") == [INET_B]
     assert dns_query(guest.netns, "example.test", tcp=True) == [INET_B]
+
+
+def test_two_tables_on_one_host_filter_only_their_own(sandbox: Callable[..., Guest]) -> None:
+    """Another deployment or test run (its own table, veths and owner) on the host: each
+    table's rules match only its own veths, so neither drops the other's traffic or lets it in."""
+    other = NetworkManager(dns_servers=[INET_A], pool=POOL, owner=f"u{SFX}",
+                           table=f"sandlot_u{SFX[:5]}")
+    gns = f"slt-g-sb-u{SFX}"
+    sh("ip", "netns", "add", gns)
+    try:
+        theirs = Guest(other.setup(f"sb-u{SFX}", NetworkPolicy(), guest_netns=gns), gns)
+        for cmd in (["link", "set", "lo", "up"],
+                    ["addr", "add", f"{GUEST_ADDRESS}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"],
+                    ["route", "add", "default", "via", GATEWAY_ADDRESS]):
+            sh("ip", "-n", gns, *cmd)
+        mine = sandbox()
+        for guest in (mine, theirs):
+            assert fetch(guest.netns, INET_A, 80) == f"A {INET_HOST}\n"
+            assert dns_query(guest.netns, "example.test") == [INET_B]
+        other.update_egress(theirs.id, NetworkPolicy(internet=False))
+        assert not reachable(theirs.netns, INET_A, 80)
+        assert fetch(mine.netns, INET_A, 80) == f"A {INET_HOST}\n"
+        listener = Server(mine.net.namespace, "0.0.0.0", 0, "mine")
+        try:  # nor does either reach the other's sandboxes
+            assert reachable(mine.net.namespace, mine.net.namespace_address, listener.port)
+            other.update_egress(theirs.id, NetworkPolicy())
+            assert not reachable(theirs.netns, mine.net.namespace_address, listener.port,
+                                 timeout=0.5)
+        finally:
+            listener.stop()
+    finally:
+        other.teardown(f"sb-u{SFX}")
+        sh("ip", "netns", "del", gns, check=False)
+        remove_net_table(f"sandlot_u{SFX[:5]}")
 
 
 def test_no_internet(sandbox: Callable[..., Guest], manager: NetworkManager) -> None:
@@ -425,6 +464,9 @@ def test_policy_errors(manager: NetworkManager, monkeypatch: pytest.MonkeyPatch)
         manager.setup("bad id!")
     with pytest.raises(InvalidArgumentError):
         NetworkManager(dns_servers=["not-an-ip"])
+    for table in ("other", "sandlot_", "sandlot_toolong7", "sandlot_a-b"):  # veths must fit
+        with pytest.raises(InvalidArgumentError, match="nft table"):
+            NetworkManager(dns_servers=[INET_A], table=table)
     with pytest.raises(InvalidStateError):
         manager.update_egress("sb-unknown", NetworkPolicy())
     assert host_state() == before
@@ -511,7 +553,7 @@ def test_teardown_and_cleanup_stale(manager: NetworkManager) -> None:
                     or o.endswith(f'"{nets[0].host_veth}"')}
 
         # a new process: ids[1] is gone, ids[2] is still running and gets adopted
-        restarted = NetworkManager(dns_servers=[INET_A], pool=POOL, owner=OWNER)
+        restarted = NetworkManager(dns_servers=[INET_A], pool=POOL, owner=OWNER, table=TABLE)
         existing = {n[len(f"sl-{OWNER}."):] for n in host_state()[0]} | {
             _alias(link)[len(f"{OWNER}."):] for link in host_state()[1]}
         restarted.cleanup_stale(existing - {ids[1]})
@@ -580,7 +622,7 @@ def test_begin_then_finish_or_abandon(manager: NetworkManager) -> None:
         def gone() -> bool:
             namespaces, links, objects = host_state()
             return (not {net.namespace, other.net.namespace} & namespaces
-                    and not {f"slv{net.slot}", f"slv{other.net.slot}"} & links
+                    and not {f"{VETH}{net.slot}", f"{VETH}{other.net.slot}"} & links
                     and not mine & objects)
 
         assert wait_until(gone), (before, host_state())

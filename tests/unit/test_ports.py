@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
-from sandlot.testing import fake_settings, free_port, install_fake_template
+from sandlot.testing import fake_settings, install_fake_template, loopback_socket
 
 DOMAIN = "sandlot.test"
 PORT = 8000  # the sandbox's port the test server stands behind
@@ -274,8 +275,9 @@ async def test_e2b_names_and_the_sdk(env):
 async def test_a_port_of_a_sandbox_on_another_host(tmp_path, postgres):
     """Two hosts of a deployment: a port name asked of one reaches the sandbox the other
     runs (forwarded with its Host), HTTP and WebSocket alike."""
-    upstream, database = Upstream(), postgres.new_database("ports" + str(free_port()))
-    ports = [free_port(), free_port()]
+    upstream, database = Upstream(), postgres.new_database("ports" + secrets.token_hex(4))
+    socks = [loopback_socket(), loopback_socket()]  # bound now: the hosts advertise them
+    ports = [sock.getsockname()[1] for sock in socks]
     apps, runtimes = [], []
     for i, port in enumerate(ports):
         runtime = FakeRuntime()
@@ -285,8 +287,8 @@ async def test_a_port_of_a_sandbox_on_another_host(tmp_path, postgres):
         install_fake_template(settings, runtime)
         apps.append(create_app(settings, runtime=runtime))
         runtimes.append(runtime)
-    async with serving(upstream.app()) as up_port, serving(apps[0], ports[0]), \
-            serving(apps[1], ports[1]):
+    async with serving(upstream.app()) as up_port, serving(apps[0], socks[0]), \
+            serving(apps[1], socks[1]):
         runtimes[1].listeners[PORT] = ("127.0.0.1", up_port)
         key = "sl_test_ports"
         await apps[0].state.core.db.add_key(key, "a")

@@ -6,6 +6,7 @@ a socket to another host's sandbox relayed there."""
 from __future__ import annotations
 
 import json
+import secrets
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ from sandlot.core.models import SandboxRecord
 from sandlot.errors import CapacityError
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
-from sandlot.testing import fake_settings, free_port, install_fake_template
+from sandlot.testing import fake_settings, install_fake_template, loopback_socket
 
 
 class Env:
@@ -183,14 +184,15 @@ async def test_a_refused_call_is_said_and_the_terminal_goes_on(env):
 async def test_a_terminal_of_a_sandbox_on_another_host(tmp_path, postgres):
     """Two hosts of a deployment: a socket opened on one reaches the sandbox the other runs
     (relayed with its first message; the owner authenticates it)."""
-    database = postgres.new_database("pty" + str(free_port()))
-    ports = [free_port(), free_port()]
+    database = postgres.new_database("pty" + secrets.token_hex(4))
+    socks = [loopback_socket(), loopback_socket()]  # bound now: the hosts advertise them
+    ports = [sock.getsockname()[1] for sock in socks]
     apps = []
     for i, port in enumerate(ports):
         apps.append(await new_env(tmp_path / f"h{i}", database_url=database, host_id=f"h-{i}",
                                   advertise_url=f"http://127.0.0.1:{port}",
                                   store=str(tmp_path / "store")))
-    async with serving(apps[0][0], ports[0]), serving(apps[1][0], ports[1]):
+    async with serving(apps[0][0], socks[0]), serving(apps[1][0], socks[1]):
         keys = {"a": "sl_pty_a", "b": "sl_pty_b"}
         for tenant, key in keys.items():
             await apps[0][0].state.core.db.add_key(key, tenant)

@@ -110,7 +110,7 @@ def test_a_guest_too_busy_to_answer_cannot_hold_a_command(server, sandbox_factor
     with pytest.raises(CommandTimeoutError) as exc:
         bomb.commands.run("sleep 60", timeout=5)
     took = time.monotonic() - t0
-    # ended by the host's deadline (timeout + grace: 10 s), not left to hang
+    # ended, not left to hang: the host's deadline is timeout + grace (5 + 5 s); 6x that
     assert took < 6 * (5 + 5), f"the command ended after {took:.1f} s: {exc.value}"
     for _ in range(3):  # the other sandbox still answers (how fast: bench/)
         assert other.commands.run("true", timeout=60).exit_code == 0

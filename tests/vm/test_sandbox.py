@@ -120,22 +120,31 @@ def test_stdin(sbx):
 
 
 def test_streaming_callbacks_interleave(sbx):
-    seen: list[tuple[str, str, float]] = []
-    script = "for i in 1 2 3; do echo out$i; sleep 0.5; echo err$i >&2; sleep 0.5; done"
-    sbx.commands.run(script, on_stdout=lambda d: seen.append(("out", d, time.monotonic())),
-                     on_stderr=lambda d: seen.append(("err", d, time.monotonic())))
-    assert [(kind, data.strip()) for kind, data, _ in seen] == [
-        ("out", "out1"), ("err", "err1"), ("out", "out2"), ("err", "err2"),
-        ("out", "out3"), ("err", "err3"),
-    ]
-    # Output arrives while the command runs (2.5 s from first to last), not all at the end.
-    assert seen[-1][2] - seen[0][2] > 1.0
+    """Each line waits until the host has seen the one before, so the output streams while
+    the command runs, in the order it was written (output held to the end would never come:
+    the command would time out)."""
+    expected = [(kind, f"{kind}{i}") for i in (1, 2, 3) for kind in ("out", "err")]
+    seen: list[tuple[str, str]] = []
+
+    def got(kind: str):
+        def callback(data: str) -> None:
+            seen.append((kind, data.strip()))
+            sbx.files.write(f"/tmp/stream/{len(seen)}", "")
+        return callback
+
+    script = "rm -rf /tmp/stream && mkdir /tmp/stream"
+    for n, (kind, text) in enumerate(expected, 1):
+        script += (f"; echo {text}{' >&2' if kind == 'err' else ''}"
+                   f"; until [ -e /tmp/stream/{n} ]; do sleep 0.05; done")
+    sbx.commands.run(script, timeout=120, on_stdout=got("out"), on_stderr=got("err"))
+    assert seen == expected
 
 
 def test_timeout_kills_the_process_group(sbx):
     start = time.monotonic()
     with pytest.raises(CommandTimeoutError):
         sbx.commands.run("sleep 300 & sleep 301 & echo started; sleep 302", timeout=2)
+    # ended, not left to hang: the host's deadline is timeout + grace (2 + 5 s); 30 s is 4x
     assert time.monotonic() - start < 30
     left = sbx.commands.run("pgrep -f 'sleep 30[012]' || true").stdout.strip()
     assert left == ""

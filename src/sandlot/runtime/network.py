@@ -41,7 +41,8 @@ class Networking:
             log.warning("sandbox networking is off: it needs root, nft and ip")
             return None
         return cls(NetworkManager(dns_servers=list(settings.dns_servers) or None,
-                                  pool=settings.net_pool, owner=network_owner(settings.instance)))
+                                  pool=settings.net_pool, owner=network_owner(settings.instance),
+                                  table=settings.net_table))
 
     async def attach(self, vm_id: str, policy: NetworkPolicy,
                      tap_owner: int | None = None) -> SandboxNetwork:

@@ -13,7 +13,10 @@ guest traffic leaving through eth0 is masqueraded to the namespace's veth addres
 new may enter tap0 or the namespace from outside, and the guest may reach nothing of the
 namespace itself except ping. ``internet=False`` also removes the namespace's default route.
 
-In the host namespace this module owns ``table inet sandlot``:
+In the host namespace this module owns ``table inet sandlot`` (the manager's ``table``:
+``sandlot`` by default, ``sandlot_<tag>`` for another deployment or test run on the host, whose
+veths are then slt<tag>v<slot> instead of slv<slot>, so neither table's rules match the other's
+sandboxes; slots, and with them addresses, are host-wide whatever the table):
 
     input        from slv*: replies and DNS to a configured server only; the rest is rejected,
                  so no host address (including 127.0.0.0/8) is reachable from a sandbox
@@ -72,14 +75,15 @@ HOST_LOCK = "/run/sandlot-net/slots.lock"
 # on either backend keeps a valid ARP entry for its gateway after a restore.
 GATEWAY_MAC = "52:55:0a:00:02:02"
 NETNS_PREFIX = "sl-"
-VETH_PREFIX = "slv"
-TABLE = "inet sandlot"
+VETH_PREFIX = "slv"  # the default table's; another's is slt<tag>v
+TABLE = "sandlot"  # the default table (Settings.net_table): `inet sandlot`
 
 _SYS_NET = "/sys/class/net"
 # What a network's name may be (the runtime names it after its VM, whose id core made: the
 # format of an id is core's, core/ids.py): safe in a namespace's name and a veth's alias.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
-_SLOT_RE = re.compile(rf"{VETH_PREFIX}(\d+)")
+_TABLE_RE = re.compile(r"sandlot(?:_([a-z0-9]{1,6}))?")  # tag: the veths fit IFNAMSIZ
+_SLOT_RE = re.compile(r"(?:slv|slt[a-z0-9]{1,6}v)(\d+)")  # a sandbox veth of any table
 _REJECT = "reject with icmpx type admin-prohibited"
 _COMMAND_TIMEOUT = 30.0
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -309,12 +313,13 @@ def _check_id(sandbox_id: str) -> None:
         raise InvalidArgumentError(f"bad sandbox id {sandbox_id!r}")
 
 
-def _existing_slots() -> dict[int, str | None]:
-    """Slot -> sandbox id (the veth alias) of every slv<slot> link in the host namespace."""
+def _existing_slots(prefix: str | None = None) -> dict[int, str | None]:
+    """Slot -> sandbox id (the veth alias) of every sandbox veth in the host namespace (of any
+    table; with `prefix`, only those named `prefix`<slot>)."""
     slots: dict[int, str | None] = {}
     for name in os.listdir(_SYS_NET):
         m = _SLOT_RE.fullmatch(name)
-        if not m:
+        if not m or (prefix is not None and name != f"{prefix}{m.group(1)}"):
             continue
         try:
             with open(os.path.join(_SYS_NET, name, "ifalias")) as f:
@@ -352,10 +357,15 @@ class NetworkManager:
     """
 
     def __init__(self, dns_servers: list[str] | None = None,
-                 pool: str = "10.200.0.0/16", owner: str = "") -> None:
+                 pool: str = "10.200.0.0/16", owner: str = "", table: str = TABLE) -> None:
         # Several servers may share a host: each only sees and cleans up its own sandboxes.
         if owner and not re.fullmatch(r"[a-z0-9]{1,16}", owner):
             raise InvalidArgumentError(f"network owner {owner!r}: 1-16 of [a-z0-9]")
+        named = _TABLE_RE.fullmatch(table)
+        if not named:
+            raise InvalidArgumentError(f"nft table {table!r}: sandlot or sandlot_<1-6 of [a-z0-9]>")
+        self._table = f"inet {table}"
+        self._veth = f"slt{named.group(1)}v" if named.group(1) else VETH_PREFIX
         self._alias_prefix = f"{owner}." if owner else ""
         self._ns_prefix = f"{NETNS_PREFIX}{self._alias_prefix}"
         servers = host_dns_servers() if dns_servers is None else dns_servers
@@ -376,6 +386,19 @@ class NetworkManager:
         self._wanted: asyncio.Queue[str] = asyncio.Queue()
         self._lock = threading.Lock()
         self._base_ready = False
+
+    def remove_table(self) -> bool:
+        """Delete this manager's host table (a test run's own, once its servers are gone)
+        unless a veth of it is left, whose sandbox would lose its isolation; whether it is
+        gone."""
+        if _existing_slots(self._veth):
+            return False
+        try:
+            _run(["nft", "delete", "table", *self._table.split()])
+        except SandboxError as e:
+            if "No such file or directory" not in str(e):
+                raise
+        return True
 
     def get(self, sandbox_id: str) -> SandboxNetwork | None:
         return self._nets.get(sandbox_id)
@@ -567,7 +590,7 @@ class NetworkManager:
         base = self._pool.network_address + 4 * slot
         return SandboxNetwork(
             sandbox_id=sandbox_id, slot=slot, namespace=self._ns_prefix + sandbox_id,
-            host_veth=f"{VETH_PREFIX}{slot}", host_address=str(base + 1),
+            host_veth=f"{self._veth}{slot}", host_address=str(base + 1),
             namespace_address=str(base + 2),
         )
 
@@ -645,42 +668,42 @@ class NetworkManager:
         return lines
 
     def _base_script(self) -> list[str]:
-        v = f'"{VETH_PREFIX}*"'
+        t, v = self._table, f'"{self._veth}*"'
         lines = [
-            f"add table {TABLE}",
-            f"add chain {TABLE} input {{ type filter hook input priority filter - 10; }}",
-            f"add chain {TABLE} forward {{ type filter hook forward priority filter - 10; }}",
-            f"add chain {TABLE} postrouting {{ type nat hook postrouting priority srcnat; }}",
-            f"add map {TABLE} egress {{ type ifname : verdict; }}",
-            f"add set {TABLE} dns {{ type ipv4_addr; }}",
-            f"flush chain {TABLE} input",
-            f"flush chain {TABLE} forward",
-            f"flush chain {TABLE} postrouting",
+            f"add table {t}",
+            f"add chain {t} input {{ type filter hook input priority filter - 10; }}",
+            f"add chain {t} forward {{ type filter hook forward priority filter - 10; }}",
+            f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; }}",
+            f"add map {t} egress {{ type ifname : verdict; }}",
+            f"add set {t} dns {{ type ipv4_addr; }}",
+            f"flush chain {t} input",
+            f"flush chain {t} forward",
+            f"flush chain {t} postrouting",
         ]
         if self._dns:
-            lines.append(f"add element {TABLE} dns {{ {', '.join(self._dns)} }}")
+            lines.append(f"add element {t} dns {{ {', '.join(self._dns)} }}")
         lines += [
-            f"add rule {TABLE} input iifname {v} ct state established,related accept",
-            f"add rule {TABLE} input iifname {v} ip daddr @dns meta l4proto {{ tcp, udp }} "
+            f"add rule {t} input iifname {v} ct state established,related accept",
+            f"add rule {t} input iifname {v} ip daddr @dns meta l4proto {{ tcp, udp }} "
             "th dport 53 accept",
-            f"add rule {TABLE} input iifname {v} {_REJECT}",
-            f"add rule {TABLE} forward oifname {v} ct state established,related accept",
-            f"add rule {TABLE} forward oifname {v} drop",
-            f"add rule {TABLE} forward iifname vmap @egress",
-            f"add rule {TABLE} forward iifname {v} drop",
-            f"add rule {TABLE} postrouting iifname {v} oifname != {v} masquerade",
+            f"add rule {t} input iifname {v} {_REJECT}",
+            f"add rule {t} forward oifname {v} ct state established,related accept",
+            f"add rule {t} forward oifname {v} drop",
+            f"add rule {t} forward iifname vmap @egress",
+            f"add rule {t} forward iifname {v} drop",
+            f"add rule {t} postrouting iifname {v} oifname != {v} masquerade",
         ]
         return lines
 
     def _egress_script(self, slot: int, egress: _Egress) -> list[str]:
-        chain, allow, deny = f"eg-{slot}", f"al-{slot}", f"dn-{slot}"
-        lines = [f"add table {TABLE}", f"add map {TABLE} egress {{ type ifname : verdict; }}"]
+        t, chain, allow, deny = self._table, f"eg-{slot}", f"al-{slot}", f"dn-{slot}"
+        lines = [f"add table {t}", f"add map {t} egress {{ type ifname : verdict; }}"]
         lines += self._slot_objects(slot)
-        lines += [f"flush chain {TABLE} {chain}", f"flush set {TABLE} {allow}",
-                  f"flush set {TABLE} {deny}"]
+        lines += [f"flush chain {t} {chain}", f"flush set {t} {allow}",
+                  f"flush set {t} {deny}"]
         for name, nets in ((allow, egress.allow), (deny, egress.deny)):
             if nets:
-                lines.append(f"add element {TABLE} {name} {{ {', '.join(map(str, nets))} }}")
+                lines.append(f"add element {t} {name} {{ {', '.join(map(str, nets))} }}")
         rules = ["meta nfproto != ipv4 drop"]
         if not egress.internet:
             rules.append(_REJECT)
@@ -690,22 +713,21 @@ class NetworkManager:
                              "th dport 53 accept")
             rules += [f"ip daddr @{allow} accept", f"ip daddr @{deny} {_REJECT}"]
             rules.append(_REJECT if egress.allow else "accept")
-        lines += [f"add rule {TABLE} {chain} {rule}" for rule in rules]
-        lines.append(f'add element {TABLE} egress {{ "{VETH_PREFIX}{slot}" : jump {chain} }}')
+        lines += [f"add rule {t} {chain} {rule}" for rule in rules]
+        lines.append(f'add element {t} egress {{ "{self._veth}{slot}" : jump {chain} }}')
         return lines
 
-    @staticmethod
-    def _slot_objects(slot: int) -> list[str]:
+    def _slot_objects(self, slot: int) -> list[str]:
+        t = self._table
         return [
-            f"add chain {TABLE} eg-{slot}",
-            f"add set {TABLE} al-{slot} {{ type ipv4_addr; flags interval; }}",
-            f"add set {TABLE} dn-{slot} {{ type ipv4_addr; flags interval; }}",
+            f"add chain {t} eg-{slot}",
+            f"add set {t} al-{slot} {{ type ipv4_addr; flags interval; }}",
+            f"add set {t} dn-{slot} {{ type ipv4_addr; flags interval; }}",
         ]
 
-    @staticmethod
-    def _chain_slots() -> set[int]:
+    def _chain_slots(self) -> set[int]:
         try:
-            out = _run(["nft", "-j", "list", "table", *TABLE.split()])
+            out = _run(["nft", "-j", "list", "table", *self._table.split()])
         except SandboxError as e:
             if "No such file or directory" in str(e):
                 return set()
@@ -728,7 +750,7 @@ class NetworkManager:
     def _links(self) -> dict[int, str | None]:
         """Slot -> sandbox id of this owner's host veths."""
         out: dict[int, str | None] = {}
-        for slot, alias in _existing_slots().items():
+        for slot, alias in _existing_slots(self._veth).items():
             if alias and alias.startswith(self._alias_prefix):
                 sandbox_id = alias[len(self._alias_prefix):]
                 if _owned_id(sandbox_id):
@@ -742,22 +764,23 @@ class NetworkManager:
         process in the namespace exits); deleting it explicitly would cost ~30 ms.
         """
         namespaces = _existing_namespaces(self._ns_prefix)
-        links = _existing_slots()
+        links = _existing_slots(self._veth)
         doomed_ns = {i for i, _ in targets if i is not None and i in namespaces}
         ip_lines = [f"netns del {self._ns_prefix}{i}" for i in sorted(doomed_ns)]
         link_lines = []
         nft_lines = []
+        t = self._table
         for slot in sorted({s for _, s in targets if s is not None}):
             if slot in links and (links[slot] or "")[len(self._alias_prefix):] not in doomed_ns:
-                link_lines.append(f"link del {VETH_PREFIX}{slot}")
-            element = f'{{ "{VETH_PREFIX}{slot}" : jump eg-{slot} }}'
+                link_lines.append(f"link del {self._veth}{slot}")
+            element = f'{{ "{self._veth}{slot}" : jump eg-{slot} }}'
             nft_lines += self._slot_objects(slot) + [
-                f"add element {TABLE} egress {element}",
-                f"delete element {TABLE} egress {element}",
-                f"flush chain {TABLE} eg-{slot}",
-                f"delete chain {TABLE} eg-{slot}",
-                f"delete set {TABLE} al-{slot}",
-                f"delete set {TABLE} dn-{slot}",
+                f"add element {t} egress {element}",
+                f"delete element {t} egress {element}",
+                f"flush chain {t} eg-{slot}",
+                f"delete chain {t} eg-{slot}",
+                f"delete set {t} al-{slot}",
+                f"delete set {t} dn-{slot}",
             ]
         commands = []
         if ip_lines:
@@ -768,6 +791,6 @@ class NetworkManager:
                 _run(["ip", *line.split()])
         if nft_lines:
             commands.append(_nft_batch([
-                f"add table {TABLE}", f"add map {TABLE} egress {{ type ifname : verdict; }}",
+                f"add table {t}", f"add map {t} egress {{ type ifname : verdict; }}",
                 *nft_lines]))
         _run_all(commands)
