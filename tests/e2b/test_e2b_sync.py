@@ -459,15 +459,16 @@ def test_pty_shell_input_resize_and_kill(sbx):
 
 
 def test_unsupported_calls_say_what_instead(sbx):
-    # builds, tags and listings are served (test_e2b_templates.py, test_e2b_template_tags.py,
-    # tests/unit/test_e2b_listings.py); not template updates (public templates)
+    # builds, tags, listings and updates are served (test_e2b_templates.py,
+    # test_e2b_template_tags.py, tests/unit/test_e2b_listings.py, test_e2b_public_templates.py);
+    # an update of the operator's template is refused as its delete is
     auth = {"X-API-KEY": sbx.connection_config.api_key}
     listing = httpx.get(f"{sbx.connection_config.api_url}/templates", headers=auth)
     assert listing.status_code == 200
     assert "base" in {t["templateID"] for t in listing.json()}
     update = httpx.patch(f"{sbx.connection_config.api_url}/templates/base",
                          json={"public": False}, headers=auth)
-    assert update.status_code == 501 and "updates" in update.json()["message"]
+    assert update.status_code == 403 and "operator" in update.json()["message"]
     with pytest.raises(SandboxException) as ei:
         Sandbox.create("no-such-template")
     assert ei.value.status_code == 404 and "no-such-template" in str(ei.value)

@@ -120,6 +120,22 @@ def test_exists_and_another_tenant(e2b, dockerfile_template):
         Template.build(Template().from_image(e2b["image"]), "e2b-dockerfile", **other)
     assert "not yours" in str(ei.value)
 
+    # made public by its owner: the other tenant's sandboxes restore it; it builds it still not
+    url = f"{e2b['opts']['api_url']}/v2/templates/e2b-dockerfile"
+    owner = {"X-API-KEY": e2b["opts"]["api_key"]}
+    assert httpx.patch(url, json={"public": True}, headers=owner).status_code == 200
+    try:
+        sbx = Sandbox.create("e2b-dockerfile", **other)
+        try:
+            assert sbx.files.read("/opt/app/hello.txt") == "hello from the context\n"
+        finally:
+            sbx.kill()
+        with pytest.raises(BuildException) as ei:
+            Template.build(Template().from_image(e2b["image"]), "e2b-dockerfile", **other)
+        assert "not yours" in str(ei.value)
+    finally:
+        assert httpx.patch(url, json={"public": False}, headers=owner).status_code == 200
+
 
 def test_step_builder(e2b, tmp_path):
     (tmp_path / "data").mkdir()

@@ -438,6 +438,24 @@ def test_egress_rules(sandbox: Callable[..., Guest], manager: NetworkManager,
     assert not reachable(guest.netns, INET_B, 80)
 
 
+def test_dns_servers_are_reached_whatever_is_denied(sandbox: Callable[..., Guest],
+                                                   manager: NetworkManager) -> None:
+    guest = sandbox(NetworkPolicy(deny_out=("0.0.0.0/0",), dns_servers=(INET_B,)))
+    assert reachable(guest.netns, INET_B, 80)
+    assert not reachable(guest.netns, INET_A, 80)
+    assert dns_query(guest.netns, "example.test") == [INET_B]  # 10.0.2.3 answers still
+    manager.update_egress(guest.id, NetworkPolicy(allow_out=(f"{INET_B}/32",),
+                                                  dns_servers=(INET_A,)))
+    assert reachable(guest.netns, INET_A, 80) and reachable(guest.netns, INET_B, 80)
+    manager.update_egress(guest.id, NetworkPolicy(deny_out=("0.0.0.0/0",), dns_servers=()))
+    assert not reachable(guest.netns, INET_A, 80)
+    assert not reachable(guest.netns, INET_B, 80)
+    manager.update_egress(guest.id, NetworkPolicy(internet=False, dns_servers=(INET_A,)))
+    assert not reachable(guest.netns, INET_A, 80)  # no internet: nothing at all
+    with pytest.raises(InvalidArgumentError):
+        manager.update_egress(guest.id, NetworkPolicy(dns_servers=("example.test",)))
+
+
 def test_deny_cuts_open_connections(sandbox: Callable[..., Guest],
                                     manager: NetworkManager) -> None:
     guest = sandbox()

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from sandlot.core.models import TemplateInfo
+from sandlot.core.tenancy import Principal
 from sandlot.errors import NotFoundError
 from sandlot.testing import in_process
 
@@ -64,6 +65,30 @@ async def test_a_host_uses_the_template_another_host_rebuilt(tmp_path, postgres)
         (a.core.settings.images / "templates" / "env.json").write_text(
             operator.model_dump_json())
         assert (await a.core.templates.info("env")) == operator
+
+
+async def test_a_template_made_public_on_one_host_is_public_on_another(tmp_path,
+                                                                        postgres) -> None:
+    async with hosts(tmp_path, new_database(postgres)) as (a, b):
+        other = Principal("other")
+        await a.core.db.add_key("sl_other_key", other.tenant)
+        base = a.core.templates.get("base")
+        await a.core.templates.put(TemplateInfo(**(base.model_dump() | {
+            "name": "env", "owner": "test", "snapshot_id": "snap-1"})))
+        assert (await b.core.templates.info("env")).public is False  # remembered on b
+        async with client(a, a.key) as on_a:
+            r = await on_a.patch("/v2/templates/env", json={"public": True})
+            assert r.status_code == 200, r.text
+        assert (await b.core.templates.info("env", other)).public is True
+        assert [t.name for t in await b.core.templates.listing(other)] == ["base"]
+        async with client(b, "sl_other_key") as on_b:
+            assert (await on_b.patch("/templates/env", json={"public": False})).status_code \
+                == 403
+        async with client(b, b.key) as on_b:
+            assert (await on_b.patch("/templates/env", json={"public": False})).status_code \
+                == 200
+        with pytest.raises(NotFoundError):
+            await a.core.templates.info("env", other)
 
 
 async def wait_status(http: httpx.AsyncClient, path: str) -> dict:

@@ -1046,6 +1046,8 @@ export interface components {
             allow_out?: string[] | null;
             /** Deny Out */
             deny_out?: string[] | null;
+            /** Dns Servers */
+            dns_servers?: string[] | null;
         };
         /**
          * NetworkSpec
@@ -1056,6 +1058,8 @@ export interface components {
             allow_out?: string[];
             /** Deny Out */
             deny_out?: string[];
+            /** Dns Servers */
+            dns_servers?: string[] | null;
         };
         /** PauseBody */
         PauseBody: {
@@ -1444,6 +1448,11 @@ export interface components {
             cmd?: string[];
             /** Owner */
             owner?: string | null;
+            /**
+             * Public
+             * @default false
+             */
+            public: boolean;
             /** Start Cmd */
             start_cmd?: string | null;
             /** Ready Cmd */

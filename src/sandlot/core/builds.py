@@ -44,7 +44,7 @@ from sandlot.core.models import (
     TemplateInfo,
     now,
 )
-from sandlot.core.templates import DEFAULT_TAG, TemplateStore, visible
+from sandlot.core.templates import DEFAULT_TAG, TemplateStore, owned, visible
 from sandlot.core.tenancy import Principal, tenant_of
 from sandlot.errors import (
     BuildError,
@@ -329,9 +329,7 @@ class TemplateBuilds:
         info = await self.templates.current(base)
         if not visible(info, who):
             raise NotFoundError(f"template {base!r} not found")
-        if info.owner is None and not who.admin:
-            raise PermissionDeniedError(f"{base!r} is a template of this server's operator; "
-                                        "it is removed on the server (`sandlot template rm`)")
+        _check_owner(info, who, "it is removed on the server (`sandlot template rm`)")
         tagged = await self.templates.tagged(base)
         for tag in tagged:
             if tag != DEFAULT_TAG:
@@ -342,7 +340,8 @@ class TemplateBuilds:
 
     # ---- tags (E2B's) -----------------------------------------------------------------
 
-    async def _own(self, name: str, who: Principal) -> TemplateInfo:
+    async def _own(self, name: str, who: Principal,
+                   operator: str = "its tags are not changed through the API") -> TemplateInfo:
         """A build (`name` or `name:tag`) of a template `who` built."""
         try:
             info = await self.templates.current(name)
@@ -350,9 +349,21 @@ class TemplateBuilds:
             raise NotFoundError(f"template {name[:80]!r} not found") from None
         if not visible(info, who):
             raise NotFoundError(f"template {name[:80]!r} not found")
-        if info.owner is None and not who.admin:
-            raise PermissionDeniedError(f"{info.name!r} is a template of this server's "
-                                        "operator; its tags are not changed through the API")
+        _check_owner(info, who, operator)
+        return info
+
+    async def set_public(self, name: str, public: bool | None, who: Principal
+                         ) -> TemplateInfo:
+        """Make a template `who` built public (every tenant may create from it) or private
+        (E2B's template update; None: neither, the template as it is)."""
+        base, _ = template_name(name)
+        shared = "it is shared by every key already"
+        info = await self._own(base, who, shared)
+        if info.owner is None:  # an admin's key
+            raise PermissionDeniedError(f"{base!r} is a template of this server's operator; "
+                                        f"{shared}")
+        if public is not None and public != info.public:
+            await self.templates.set_public(info, public)
         return info
 
     async def tags(self, name: str, who: Principal) -> dict[str, TemplateInfo]:
@@ -773,6 +784,18 @@ class _State:
     user: str = steps.DEFAULT_USER
     cwd: str = steps.DEFAULT_WORKDIR
     env: dict[str, str] = field(default_factory=dict)
+
+
+def _check_owner(info: TemplateInfo, who: Principal, operator: str) -> None:
+    """PermissionDeniedError unless `who` may change template `info` (its owner's alone; the
+    operator's are changed on the server: `operator` says how)."""
+    if owned(info, who):
+        return
+    if info.owner is None:
+        raise PermissionDeniedError(f"{info.name!r} is a template of this server's operator; "
+                                    f"{operator}")
+    raise PermissionDeniedError(f"template {info.name!r} is another team's public template; "
+                                "only its owner changes it")
 
 
 async def _chunks(path: Path) -> AsyncIterator[bytes]:

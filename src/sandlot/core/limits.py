@@ -7,6 +7,7 @@ before a VM is touched.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
@@ -97,12 +98,27 @@ def check_file_metadata(limits: Limits, metadata: dict[str, str] | None) -> None
                                        "only")
 
 
-def check_egress(limits: Limits, allow_out: list[str], deny_out: list[str]) -> None:
+MAX_DNS_SERVERS = 10  # E2B's
+
+
+def check_egress(limits: Limits, allow_out: list[str], deny_out: list[str],
+                 dns_servers: list[str] | None = None) -> None:
     count = len(allow_out) + len(deny_out)
     if count > limits.egress_rules:
         raise InvalidArgumentError(f"{count} egress rules; the limit is {limits.egress_rules}")
     for rule in (*allow_out, *deny_out):
         check_text("an egress rule", rule, 256)
+    if dns_servers is None:
+        return
+    if len(dns_servers) > MAX_DNS_SERVERS:
+        raise InvalidArgumentError(f"{len(dns_servers)} dns_servers; at most "
+                                   f"{MAX_DNS_SERVERS}")
+    for server in dns_servers:
+        try:
+            ipaddress.IPv4Address(server)
+        except ValueError:
+            raise InvalidArgumentError(f"dns_servers: {str(server)[:64]!r} is not an IPv4 "
+                                       "address") from None
 
 
 def check_path(limits: Limits, path: str, what: str = "path") -> None:

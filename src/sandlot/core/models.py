@@ -83,6 +83,9 @@ class NetworkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     allow_out: list[str] = Field(default_factory=list)
     deny_out: list[str] = Field(default_factory=list)
+    # IPv4 addresses the sandbox reaches whatever allow_out and deny_out say (E2B's
+    # dnsServers; its own nameserver, 10.0.2.3, answers either way). None: none given
+    dns_servers: list[str] | None = None
 
 
 class SandboxRecord(BaseModel):
@@ -246,6 +249,9 @@ class TemplateInfo(BaseModel):
     cmd: list[str] = Field(default_factory=list)
     # the tenant that built it through the API (None: the operator's, shared by every tenant)
     owner: str | None = None
+    # its owner made it public (E2B's): every tenant may create from it; its owner alone
+    # builds, tags, deletes or updates it, and lists it
+    public: bool = False
     # Built through the API (core/builds.py): its steps ran in a sandbox of the base image,
     # its start command was started and its ready command succeeded, and the sandbox was
     # snapshotted then; sandboxes of the template restore that snapshot. `recipe`: the hash

@@ -58,7 +58,8 @@ def policy_of(rec: SandboxRecord) -> NetworkPolicy:
     net = rec.network
     return NetworkPolicy(internet=rec.internet,
                          allow_out=tuple(net.allow_out) if net else (),
-                         deny_out=tuple(net.deny_out) if net else ())
+                         deny_out=tuple(net.deny_out) if net else (),
+                         dns_servers=tuple(net.dns_servers or ()) if net else ())
 
 
 def plan_of(rec: SandboxRecord) -> MachinePlan:
@@ -285,7 +286,8 @@ class SandboxManager:
         check_metadata(limits, req.metadata)
         check_disk(limits, req.disk_mb)
         if req.network is not None:
-            check_egress(limits, req.network.allow_out, req.network.deny_out)
+            check_egress(limits, req.network.allow_out, req.network.deny_out,
+                         req.network.dns_servers)
 
     def _new_record(self, source: Source, req: CreateSandbox,
                     sandbox_id: str | None = None) -> SandboxRecord:
@@ -483,7 +485,8 @@ class SandboxManager:
         """Change a running sandbox's egress rules (applied outside the guest, atomically)."""
         live = self.get_live(sandbox_id, who)
         if network is not None:
-            check_egress(self.settings.limits, network.allow_out, network.deny_out)
+            check_egress(self.settings.limits, network.allow_out, network.deny_out,
+                         network.dns_servers)
         rec = live.record.model_copy()
         if internet is not None:
             rec.internet = internet

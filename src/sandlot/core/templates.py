@@ -108,7 +108,9 @@ class TemplateStore:
             row = await self.db.get_template(name) if self.db is not None else None
             if row is None or row.doc is None:
                 raise NotFoundError(f"template {base!r} has no build tagged {tag!r}")
-            return TemplateInfo.model_validate(row.doc)
+            own = await self.db.get_template(base)  # a tag is as public as its template
+            return TemplateInfo.model_validate(row.doc | {
+                "public": bool(own and own.doc and own.doc.get("public"))})
         row = await self.db.get_template(name) if self.db is not None else None
         if row is not None:
             try:
@@ -156,8 +158,8 @@ class TemplateStore:
                                    else info.model_dump(mode="json"))
 
     async def listing(self, who: Principal = SYSTEM) -> list[TemplateInfo]:
-        """The templates `who` may use: this host's, and those built through the API on any
-        host of the deployment (as they are now)."""
+        """The templates `who` lists: this host's, and those built through the API on any
+        host of the deployment (as they are now); not another tenant's public ones."""
         infos = {i.name: i for i in self.list(SYSTEM)}
         for row in await self.db.templates() if self.db is not None else []:
             if ":" in row.name:
@@ -166,7 +168,7 @@ class TemplateStore:
                 infos.pop(row.name, None)
             else:
                 infos[row.name] = TemplateInfo.model_validate(row.doc)
-        return [infos[n] for n in sorted(infos) if visible(infos[n], who)]
+        return [infos[n] for n in sorted(infos) if listed(infos[n], who)]
 
     def _remember(self, info: TemplateInfo) -> None:
         self.index.mkdir(parents=True, exist_ok=True)
@@ -258,23 +260,50 @@ class TemplateStore:
 
     async def put(self, info: TemplateInfo) -> None:
         """Point `info.name` at `info` (a build of this host), here, in the store and, for
-        every host of the deployment, in the metadata store."""
+        every host of the deployment, in the metadata store. The template stays as public
+        as it was (a new one, or another tenant's name: private); `set_public` changes that."""
+        row = await self.db.get_template(info.name) if self.db is not None else None
+        was = row.doc if row is not None and row.doc is not None else {}
+        info = info.model_copy(update={"public": bool(was.get("owner") == info.owner
+                                                      and was.get("public"))})
         if self.runtime is not None:
             await self.runtime.publish_template(image_of(info), info.model_dump(mode="json"))
         self._remember(info)
         if self.db is not None:
             await self.db.put_template(info.name, info.model_dump(mode="json"))
 
+    async def set_public(self, info: TemplateInfo, public: bool) -> None:
+        """Make a template built through the API (`info`, as `current` has it) public or
+        private, for every host of the deployment."""
+        if self.db is None:
+            raise InvalidStateError("this server keeps no template records")
+        info = info.model_copy(update={"public": public})
+        await self.db.put_template(info.name, info.model_dump(mode="json"))
+        self._remember(info)
+
 
 def visible(info: TemplateInfo, who: Principal) -> bool:
-    """Shared templates (the operator's) are every tenant's; a template a tenant built is
-    its own; the templates creates from an image make (by digest) are named only by admins
-    (a tenant creates from the image reference, which is checked against its registry)."""
+    """Whether `who` may use a template: shared templates (the operator's) are every
+    tenant's; a template a tenant built is its own, and every tenant's once it is public;
+    the templates creates from an image make (by digest) are named only by admins (a tenant
+    creates from the image reference, which is checked against its registry)."""
     if who.admin:
         return True
     if info.name.startswith(IMAGE_TEMPLATE_PREFIX) and info.image:
         return info.owner == who.tenant  # an image pulled with a tenant's own credentials
-    return info.owner is None or info.owner == who.tenant
+    return info.owner is None or info.owner == who.tenant or info.public
+
+
+def listed(info: TemplateInfo, who: Principal) -> bool:
+    """Whether `who`'s listings show a template: those it may use but another tenant's
+    public ones (E2B lists a team's own templates)."""
+    return visible(info, who) and (who.admin or info.owner in (None, who.tenant))
+
+
+def owned(info: TemplateInfo, who: Principal) -> bool:
+    """Whether `who` may build, tag, delete or update a template it may use: its
+    tenant's own (an admin: any)."""
+    return who.admin or (info.owner is not None and info.owner == who.tenant)
 
 
 def builds_in_use(settings: Settings) -> set[str]:
@@ -302,4 +331,5 @@ def remove_template(name: str, data_dir: Path | None = None) -> None:
     TemplateStore(Settings.from_env(data_dir)).remove(name)
 
 
-__all__ = ["TemplateStore", "visible", "builds_in_use", "list_templates", "remove_template"]
+__all__ = ["TemplateStore", "visible", "listed", "owned", "builds_in_use", "list_templates",
+           "remove_template"]

@@ -178,11 +178,13 @@ def expose_port(sandbox_id: str, port: int) -> Request:
 
 
 def set_network(sandbox_id: str, *, internet: bool | None = None,
-                allow_out: list[str] | None = None, deny_out: list[str] | None = None) -> Request:
+                allow_out: list[str] | None = None, deny_out: list[str] | None = None,
+                dns_servers: list[str] | None = None) -> Request:
     return Request("PUT", _sb(sandbox_id) + "/network", json={
         "internet": internet,
         "allow_out": list(allow_out) if allow_out is not None else None,
         "deny_out": list(deny_out) if deny_out is not None else None,
+        "dns_servers": list(dns_servers) if dns_servers is not None else None,
     })
 
 

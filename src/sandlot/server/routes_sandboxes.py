@@ -205,6 +205,8 @@ class NetworkBody(BaseModel):
     internet: bool | None = None
     allow_out: list[str] | None = None
     deny_out: list[str] | None = None
+    # IPv4 addresses reachable whatever allow_out and deny_out say ([]: none)
+    dns_servers: list[str] | None = None
 
 
 @router.post("/{sandbox_id}/ports", response_model=ExposedPort)
@@ -218,9 +220,8 @@ async def expose_port(sandbox_id: str, body: PortBody, request: Request) -> Expo
 async def set_network(sandbox_id: str, body: NetworkBody, request: Request) -> SandboxRecord:
     sandboxes = core(request).sandboxes
     network = None
-    if body.allow_out is not None or body.deny_out is not None:
+    given = body.model_dump(exclude_none=True, exclude={"internet"})
+    if given:
         current = (await sandboxes.get(sandbox_id, who(request))).network or NetworkSpec()
-        network = NetworkSpec(
-            allow_out=body.allow_out if body.allow_out is not None else current.allow_out,
-            deny_out=body.deny_out if body.deny_out is not None else current.deny_out)
+        network = current.model_copy(update=given)
     return await sandboxes.set_network(sandbox_id, body.internet, network, who=who(request))

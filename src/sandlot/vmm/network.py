@@ -97,13 +97,16 @@ class NetworkPolicy:
     resolved to their IPv4 addresses when the policy is applied. A non-empty ``allow_out``
     allows only those destinations; where the two overlap ``allow_out`` wins (as E2B's rules
     do: ``deny_out=["0.0.0.0/0"]`` with a few ``allow_out`` entries opens just those). DNS through
-    10.0.2.3 stays allowed unless ``internet`` is False. IPv6 entries are ignored: sandboxes
-    have no IPv6 route at all.
+    10.0.2.3 stays allowed unless ``internet`` is False. ``dns_servers`` (IPv4 addresses, E2B's
+    DNS servers) are reachable, all traffic to them, whatever the two lists say, unless
+    ``internet`` is False; the guest's nameserver stays 10.0.2.3. IPv6 entries are ignored:
+    sandboxes have no IPv6 route at all.
     """
 
     internet: bool = True
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
+    dns_servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class _Egress:
     internet: bool
     allow: tuple[ipaddress.IPv4Network, ...]
     deny: tuple[ipaddress.IPv4Network, ...]
+    servers: tuple[str, ...] = ()  # always reachable (NetworkPolicy.dns_servers)
 
 
 @dataclass(frozen=True)
@@ -303,9 +307,12 @@ def _networks(entries: Iterable[str]) -> tuple[ipaddress.IPv4Network, ...]:
 
 
 def _resolve(policy: NetworkPolicy) -> _Egress:
-    if isinstance(policy.allow_out, str) or isinstance(policy.deny_out, str):
-        raise InvalidArgumentError("allow_out and deny_out take a sequence of strings")
-    return _Egress(policy.internet, _networks(policy.allow_out), _networks(policy.deny_out))
+    if any(isinstance(v, str) for v in (policy.allow_out, policy.deny_out,
+                                         policy.dns_servers)):
+        raise InvalidArgumentError("allow_out, deny_out and dns_servers take a sequence of "
+                                   "strings")
+    return _Egress(policy.internet, _networks(policy.allow_out), _networks(policy.deny_out),
+                   tuple(dict.fromkeys(_ipv4_list(policy.dns_servers, "dns_servers"))))
 
 
 def _check_id(sandbox_id: str) -> None:
@@ -711,6 +718,8 @@ class NetworkManager:
             if self._dns:
                 rules.append(f"ip daddr {{ {', '.join(self._dns)} }} meta l4proto {{ tcp, udp }} "
                              "th dport 53 accept")
+            if egress.servers:
+                rules.append(f"ip daddr {{ {', '.join(egress.servers)} }} accept")
             rules += [f"ip daddr @{allow} accept", f"ip daddr @{deny} {_REJECT}"]
             rules.append(_REJECT if egress.allow else "accept")
         lines += [f"add rule {t} {chain} {rule}" for rule in rules]

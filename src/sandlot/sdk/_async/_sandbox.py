@@ -152,10 +152,13 @@ class AsyncSandbox:
 
     async def set_network(self, *, internet: bool | None = None,
                           allow_out: list[str] | None = None,
-                          deny_out: list[str] | None = None) -> None:
-        """Change the egress rules of the running sandbox (None leaves a setting as it is)."""
+                          deny_out: list[str] | None = None,
+                          dns_servers: list[str] | None = None) -> None:
+        """Change the egress rules of the running sandbox (None leaves a setting as it is;
+        `dns_servers`: IPv4 addresses it reaches whatever allow_out and deny_out say)."""
         self._info = SandboxInfo.model_validate(await self._api.call(_base.set_network(
-            self.sandbox_id, internet=internet, allow_out=allow_out, deny_out=deny_out)))
+            self.sandbox_id, internet=internet, allow_out=allow_out, deny_out=deny_out,
+            dns_servers=dns_servers)))
 
     async def kill(self) -> bool:
         """Stop the sandbox. True if this call killed it, False if it was already gone."""

@@ -120,7 +120,7 @@ class NetworkUpdate(Body):
     allow_out: list[str] | None = Field(None, alias="allowOut")
     deny_out: list[str] | None = Field(None, alias="denyOut")
     allow_internet_access: bool | None = None
-    dns_servers: list | None = Field(None, alias="dnsServers")
+    dns_servers: list[str] | None = Field(None, alias="dnsServers")
     egress_proxy: dict | None = Field(None, alias="egressProxy")
     rules: dict | None = None
 
@@ -129,12 +129,23 @@ def _network(raw: dict | None) -> NetworkSpec | None:
     if not raw:
         return None
     extra = {k for k, v in raw.items()
-             if v not in (None, [], {}) and k not in ("allowOut", "denyOut",
+             if v not in (None, [], {}) and k not in ("allowOut", "denyOut", "dnsServers",
                                                       "allowPublicTraffic")}
     if extra:
-        raise Unsupported(f"sandlot's egress rules are allow_out/deny_out lists only; "
-                          f"{', '.join(sorted(extra))} is not supported")
-    return NetworkSpec(allow_out=raw.get("allowOut") or [], deny_out=raw.get("denyOut") or [])
+        raise Unsupported(f"sandlot's egress rules are allow_out/deny_out/dns_servers lists "
+                          f"only; {', '.join(sorted(extra))} is not supported")
+    return _spec(raw.get("allowOut"), raw.get("denyOut"), raw.get("dnsServers"))
+
+
+def _spec(allow_out, deny_out, dns_servers) -> NetworkSpec:
+    """E2B's egress lists as sandlot's (dns_servers None: not given)."""
+    for name, value in (("allowOut", allow_out), ("denyOut", deny_out),
+                        ("dnsServers", dns_servers)):
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            raise InvalidArgumentError(f"network.{name} is a list of strings")
+    return NetworkSpec(allow_out=allow_out or [], deny_out=deny_out or [],
+                       dns_servers=dns_servers)
 
 
 def _check_create(body: NewSandbox) -> None:
@@ -432,10 +443,10 @@ async def fork_sandbox(sandbox_id: str, request: Request, body: ForkBody | None 
 
 @router.put("/sandboxes/{sandbox_id}/network")
 async def update_network(sandbox_id: str, body: NetworkUpdate, request: Request) -> Response:
-    if body.dns_servers or body.egress_proxy or body.rules:
-        raise Unsupported("sandlot's egress rules are allow_out/deny_out lists only; "
-                          "dns_servers, egress_proxy and rules are not supported")
-    network = NetworkSpec(allow_out=body.allow_out or [], deny_out=body.deny_out or [])
+    if body.egress_proxy or body.rules:
+        raise Unsupported("sandlot's egress rules are allow_out/deny_out/dns_servers lists "
+                          "only; egress_proxy and rules are not supported")
+    network = _spec(body.allow_out, body.deny_out, body.dns_servers)
     await core(request).sandboxes.set_network(sandbox_id, body.allow_internet_access, network,
                                               who=who(request))
     return Response(status_code=204)
@@ -478,11 +489,14 @@ async def delete_template(template_id: str, request: Request) -> Response:
     c, caller = core(request), who(request)
     try:
         snap = await c.snapshots.get(template_id, caller)
-    except NotFoundError:
-        if any(t.name == template_id for t in await c.templates.listing(caller)):
-            await c.builds.delete(template_id, caller)  # a template the caller built
-            return Response(status_code=204)
-        raise
+    except NotFoundError as missing:
+        if ":" in template_id:  # a template's id names no tag
+            raise
+        try:  # a template the caller built (another's that it may use: 403)
+            await c.builds.delete(template_id, caller)
+        except (NotFoundError, InvalidArgumentError):
+            raise missing from None
+        return Response(status_code=204)
     await c.snapshots.wait(snap.snapshot_id, 600, who=caller)
     await c.snapshots.delete(snap.snapshot_id, who=caller)
     return Response(status_code=204)
@@ -493,16 +507,15 @@ async def delete_template(template_id: str, request: Request) -> Response:
 UNSUPPORTED = (
     ("/templates", "sandlot serves template builds (Template.build, build_in_background, "
                    "get_build_status, exists), tags (assign_tags, remove_tags, get_tags), "
-                   "listings (GET /templates, /templates/{id}) and delete; template updates "
-                   "(public templates, PATCH) are not served: a template is the operator's "
-                   "(shared) or its tenant's"),
+                   "listings (GET /templates, /templates/{id}), updates (public) and "
+                   "delete"),
     ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
                  "from a snapshot that holds them"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
              "resume, fork, create_snapshot, list_snapshots, delete_snapshot, "
-             "update_network (allow_out/deny_out) and template builds")
+             "update_network (allow_out/deny_out/dns_servers) and template builds")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

@@ -179,6 +179,8 @@ def detail(rec: SandboxRecord, state: str, disk_mb: int, token: str) -> dict:
     }
     if rec.network is not None:
         out["network"] = {"allowOut": rec.network.allow_out, "denyOut": rec.network.deny_out}
+        if rec.network.dns_servers is not None:
+            out["network"]["dnsServers"] = rec.network.dns_servers
     return out
 
 

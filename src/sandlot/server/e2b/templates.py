@@ -13,6 +13,7 @@ hands back is the template's name: `Sandbox.create(name)` starts from it.
     GET  /templates/aliases/{alias}                      exists (403: another team's)
     GET  /templates/{id}/tags                            a template's tags and their builds
     POST /templates/tags                                 tags pointed at a build (201)
+    PATCH /templates/{id}, /v2/templates/{id}            made public or private (its owner)
     DELETE /templates/tags                               tags removed (204)
 """
 
@@ -23,7 +24,7 @@ from datetime import datetime
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from sandlot.core.builds import MAX_LOG_LINES, Build, BuildSpec, RegistryLogin, TemplateBuilds
 from sandlot.core.models import TemplateInfo, now
@@ -64,6 +65,10 @@ class BuildRequest(Body):
 class TagsAssign(Body):
     target: str = Field(max_length=200)
     tags: list[str] = Field(max_length=100)
+
+
+class TemplateUpdate(Body):
+    public: StrictBool | None = None  # None: unchanged
 
 
 class TagsRemove(Body):
@@ -150,7 +155,27 @@ async def request_build(body: BuildRequest, request: Request) -> JSONResponse:
 @router.get("/templates/aliases/{alias}")
 async def alias_exists(alias: str, request: Request) -> JSONResponse:
     info = await core(request).builds.lookup(alias, who(request))
-    return JSONResponse({"templateID": info.name, "public": info.owner is None})
+    return JSONResponse({"templateID": info.name, "public": _public(info)})
+
+
+def _public(info: TemplateInfo | None) -> bool:
+    """E2B's ``public``: every key may use it (the operator's, or made public by its owner)."""
+    return bool(info and (info.owner is None or info.public))
+
+
+@router.patch("/templates/{template_id}")
+async def update_template(template_id: str, body: TemplateUpdate,
+                          request: Request) -> Response:
+    """E2B's template update: its owner makes it public or private."""
+    await core(request).builds.set_public(template_id, body.public, who(request))
+    return Response(status_code=200)
+
+
+@router.patch("/v2/templates/{template_id}")
+async def update_template_v2(template_id: str, body: TemplateUpdate,
+                             request: Request) -> JSONResponse:
+    info = await core(request).builds.set_public(template_id, body.public, who(request))
+    return JSONResponse({"names": [info.name]})
 
 
 @router.get("/templates/{template_id}/files/{files_hash}")
@@ -246,7 +271,7 @@ def _template(name: str, info: TemplateInfo | None, builds: list[Build],
     return {"templateID": name, "buildID": _build_id(info) if info else last.build_id,
             "cpuCount": info.cpus if info else last.cpus,
             "memoryMB": info.memory_mb if info else last.memory_mb,
-            "diskSizeMB": disk_mb, "public": bool(info and info.owner is None),
+            "diskSizeMB": disk_mb, "public": _public(info),
             "aliases": [name], "names": [name], "createdAt": rfc3339(min(first, made)),
             "updatedAt": rfc3339(made), "createdBy": None, "lastSpawnedAt": None,
             "spawnCount": 0, "buildCount": max(len(builds), 1), "envdVersion": ENVD_VERSION,
