@@ -66,7 +66,10 @@ def test_chunks_are_compressed_checksummed_and_described(server, reap):
     assert machine["machine_type"].startswith("pc-q35-") and machine["qemu_version"]
     assert machine["base_mb"] == 512 and machine["device_model"] and machine["guest_proto"]
     assert snap.info.size_bytes == sum(f["size"] for f in manifest["files"].values())
-    template = manifest_of(server, f"tpl-{manifest['meta']['build']}")
+    build = manifest["meta"]["build"]
+    wait_for(lambda: (store_root(server) / "manifests" / f"tpl-{build}.json").exists(), 300,
+             interval=1, what="the template in the store (stored at the server's start)")
+    template = manifest_of(server, f"tpl-{build}")
     shared = set(digests_of(template, "ram")) & set(digests_of(manifest, "ram"))
     assert shared, "the snapshot's RAM shares no chunk with its template's"
     # It stored only what its template lacks: far less than its logical size.
