@@ -532,6 +532,10 @@ async def test_a_kept_port_waits_for_its_sandbox_or_is_refused(
         host, port = await manager.expose(guest.id, 8000)
         assert manager.park(guest.id) == {8000: (host, port)}
         manager.teardown(guest.id)
+        # the namespace's veth goes with it in the kernel's own time (slower on a loaded
+        # host), its guest end too: gone before the next setup puts a new `eth0` there
+        assert wait_until(lambda: not sh("ip", "-n", guest.netns, "-o", "link", "show",
+                                         "eth0", check=False), timeout=60)
 
         waiting, writer = await asyncio.open_connection(host, port)
         assert await asyncio.wait_for(manager.wanted(), 10) == guest.id
