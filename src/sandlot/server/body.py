@@ -1,10 +1,19 @@
 """Request bodies are bounded: a JSON body over `Limits.body_bytes` is refused with 413 before
 it is read whole (by its Content-Length, or as it streams in). File uploads are streamed to
 the guest, never held, and streaming E2B RPCs are read one message at a time: those are not
-bounded here. A file upload's user metadata comes in headers (`metadata_headers`)."""
+bounded here. A file upload's user metadata comes in headers (`metadata_headers`).
+
+A refusal lingers (RFC 9112 section 9.6): the client may still be sending the body, and a
+socket closed with unread data in its receive buffer sends a TCP reset, which can destroy the
+answer before the client reads it (uvicorn closes at once after a `connection: close`
+answer). So the answer is sent whole but not ended, the rest of the body is read and dropped,
+up to `LINGER_BYTES` or `LINGER_SECONDS`, and only then is the answer ended and the
+connection closed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 
@@ -17,6 +26,10 @@ STREAMED = (
     ("PUT", re.compile(r"^/v1/sandboxes/[^/]+/files$")),
     ("POST", re.compile(r"^(/e2b/envd)?/files$")),
 )
+
+
+LINGER_BYTES = 64 << 20  # what a refused request may still send, read and dropped
+LINGER_SECONDS = 10.0  # and for how long at most
 
 
 class BodyLimit:
@@ -47,7 +60,10 @@ class BodyLimit:
         except ValueError:
             declared = -1
         if declared > self.limit:
-            await self._refuse(scope, send, self._error(str(declared)))
+            # A client that waits for "100 Continue" sends no body: nothing to drop (and
+            # asking for it would make the server send the 100 after this answer).
+            linger = headers.get(b"expect", b"").lower() != b"100-continue"
+            await self._refuse(scope, receive, send, self._error(str(declared)), linger)
             return
         # Read it here, up to the limit (the route would read it whole anyway), then hand it
         # on: an error raised while the route reads is not ours to shape.
@@ -58,7 +74,8 @@ class BodyLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.limit:
-                await self._refuse(scope, send, self._error(f"more than {self.limit}"))
+                await self._refuse(scope, receive, send,
+                                   self._error(f"more than {self.limit}"), True)
                 return
             if not message.get("more_body", False):
                 break
@@ -73,7 +90,8 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope, send, error: PayloadTooLargeError) -> None:
+    async def _refuse(self, scope, receive, send, error: PayloadTooLargeError,
+                      linger: bool) -> None:
         if scope.get("path", "").startswith("/e2b"):
             body = {"code": error.status, "message": error.message}
         else:
@@ -83,7 +101,27 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode()),
                                 (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": data})
+        # The whole answer, not yet ended: the server keeps the connection (and reads) until
+        # the end, so the client has the answer before any reset.
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        if linger:
+            await _drop_body(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _drop_body(receive) -> None:
+    """Read and drop the rest of a request's body, up to `LINGER_BYTES` or `LINGER_SECONDS`
+    (a client that sends more or longer meets a closed connection; it has the answer)."""
+    dropped = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(LINGER_SECONDS):
+            while dropped <= LINGER_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
 
 
 METADATA_HEADER = "x-metadata-"  # Starlette's header names are lowercase
