@@ -202,14 +202,18 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=7070, show_default=True, type=int, help="Port to listen on.")
+@click.option("--port", default=7070, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: a free one the kernel picks; see --port-file).")
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the port it listens on to this file once it listens (with --port 0: "
+                   "how a caller learns which port it got).")
 @click.option("--database", metavar="URL", help="A postgresql:// URL shared by every host of a "
               "deployment (SANDLOT_DATABASE_URL); default SQLite under the data dir.")
 @click.option("--advertise-url", metavar="URL", help="Where other hosts reach this one "
               "(SANDLOT_ADVERTISE_URL); default http://HOST:PORT.")
 @_data_dir_option
-def serve(host: str, port: int, database: str | None, advertise_url: str | None,
-          data_dir: Path) -> None:
+def serve(host: str, port: int, port_file: Path | None, database: str | None,
+          advertise_url: str | None, data_dir: Path) -> None:
     """Run the REST API server (SIGUSR1 prints every thread's stack to stderr)."""
     import contextlib
     import faulthandler
@@ -224,7 +228,7 @@ def serve(host: str, port: int, database: str | None, advertise_url: str | None,
         os.environ["SANDLOT_ADVERTISE_URL"] = advertise_url
     with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a descriptor
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    run(host=host, port=port, data_dir=data_dir)
+    run(host=host, port=port, data_dir=data_dir, port_file=port_file)
 
 
 @cli.group(cls=_Group)

@@ -12,8 +12,10 @@ test's own process through httpx transports: the SDKs run against it with no VM 
 
 Every server here runs in a process group of its own, is stopped by its owner (`stop`, `close`)
 and, should the owner not get there, when this process exits. Ports: a server in this process
-serves on a socket already bound to port 0 (`loopback_socket`); a server in another process binds
-the port it is given, and one found taken by the time it binds is replaced and the start retried.
+serves on a socket already bound to port 0 (`loopback_socket`); `sandlot serve` binds port 0
+itself and writes the port it got to a file. Only the third-party binaries, which take no port 0
+(PostgreSQL, SeaweedFS), are given ports found free (`free_port`), and a port found taken by the
+time they bind it is replaced and the start retried.
 """
 
 from __future__ import annotations
@@ -71,9 +73,11 @@ def loopback_socket() -> socket.socket:
 
 
 def free_port() -> int:
-    """A loopback port free now, for a server in another process that takes no port 0 or
-    socket (`sandlot serve`, SeaweedFS, PostgreSQL): it may lose the port to another before it
-    binds it, so its start retries on another (`_PortTaken`). In this process: `loopback_socket`."""
+    """A loopback port free now, only for a third-party server that can neither take port 0
+    and say which port it got nor take a bound socket: PostgreSQL (`-p 0` is refused: "0 is
+    outside the valid range") and SeaweedFS's `weed mini` (a dozen ports of its own). It may
+    lose the port to another process before it binds it, so its start retries on another
+    (`_PortTaken`). In this process: `loopback_socket`; `sandlot serve`: `--port 0`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -172,11 +176,10 @@ class ServerProcess:
     data_dir: Path
     instance: str
     log_path: Path
-    port: int = field(default_factory=free_port)
+    port: int = 0  # 0: the server picks one at its first start; a restart asks for it again
     key: str = field(default_factory=lambda: "sl_test_" + secrets.token_hex(8))
     extra_env: dict[str, str] = field(default_factory=dict)  # kept across restarts
     proc: subprocess.Popen | None = None
-    started: bool = False  # once: a restart keeps the port
 
     @classmethod
     def in_dir(cls, root: Path, instance: str, **kw) -> ServerProcess:
@@ -186,6 +189,11 @@ class ServerProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def port_file(self) -> Path:
+        """Where the server writes the port it listens on (`sandlot serve --port-file`)."""
+        return self.log_path.with_name(self.log_path.stem + ".port")
 
     @property
     def run_root(self) -> Path:
@@ -205,26 +213,26 @@ class ServerProcess:
         return {"api_url": self.url, "api_key": self.key}
 
     def start(self, timeout: float = 60) -> None:
-        """Start and wait until it answers. A first start whose port was taken meanwhile
-        retries on another (a restart keeps its port: clients know its URL)."""
+        """Start and wait until it answers. The first start binds port 0 (the server picks a
+        free port and writes it to `port_file`); a restart asks for the port it had (clients
+        know its URL) and, should another process hold it meanwhile, asks again a few times."""
         for attempt in range(BIND_ATTEMPTS):
             try:
-                self._start(timeout)
-                self.started = True
-                return
+                return self._start(timeout)
             except _PortTaken:
-                if self.started or attempt == BIND_ATTEMPTS - 1:
+                if attempt == BIND_ATTEMPTS - 1:
                     raise RuntimeError(f"port {self.port} is taken: "
                                        f"{self.log_path.read_text()[-2000:]}") from None
-                self.port = free_port()
+                time.sleep(1 + attempt)
 
     def _start(self, timeout: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         offset = _size(self.log_path)
+        self.port_file.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sandlot.cli", "serve", "--port", str(self.port),
-                 "--data-dir", str(self.data_dir)],
+                 "--port-file", str(self.port_file), "--data-dir", str(self.data_dir)],
                 env=self.env, stdout=log, stderr=log, start_new_session=True)
         _track(self)
         deadline = time.monotonic() + timeout
@@ -234,11 +242,10 @@ class ServerProcess:
                 if _bind_failed(self.log_path, offset):
                     raise _PortTaken
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
-            try:
+            with contextlib.suppress(OSError, ValueError, httpx.HTTPError):  # not up yet
+                self.port = int(self.port_file.read_text())
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"the sandlot server did not come up in {timeout} s: "

@@ -169,7 +169,30 @@ def test_local_commands_call_core(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert run("template", "build", "--image", "x")[0] == 2  # no NAME
     assert run("keys", "create") == (0, "sk-new\n", "tenant: t-1\n")
     assert run("serve", "--port", "8080")[0] == 0
-    assert calls[-1] == ("serve", {"host": "127.0.0.1", "port": 8080, "data_dir": tmp_path})
+    assert calls[-1] == ("serve", {"host": "127.0.0.1", "port": 8080, "data_dir": tmp_path,
+                                   "port_file": None})
+    assert run("serve", "--port", "0", "--port-file", "p")[0] == 0
+    assert calls[-1][1]["port"] == 0 and calls[-1][1]["port_file"] == Path("p")
+    code, _, err = run("serve", "--port", "70000")
+    assert code == 2 and "70000" in err
+
+
+def test_serve_listens_on_the_port_the_kernel_picks(tmp_path: Path) -> None:
+    """`serve --port 0` binds a free port itself and writes which one; a port another
+    process holds is a clear error."""
+    import socket
+
+    from sandlot.server.app import listen, write_port
+
+    with listen("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        assert port > 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # it listens
+        write_port(tmp_path / "port", port)
+        assert int((tmp_path / "port").read_text()) == port
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {port}: Address"):
+            listen("127.0.0.1", port)
 
 
 def test_data_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,8 +124,14 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     return app
 
 
-def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None = None) -> None:
-    """Serve until interrupted. Sandboxes outlive a server restart and are re-adopted."""
+def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None = None,
+        port_file: Path | str | None = None) -> None:
+    """Serve until interrupted. Sandboxes outlive a server restart and are re-adopted.
+
+    It binds its socket itself: with `port` 0 the kernel picks a free one, which it then
+    advertises, logs, and writes to `port_file` (if given) once it listens."""
+    import sys
+
     import uvicorn
 
     settings = Settings.from_env(data_dir)
@@ -133,12 +139,39 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every disconnect
     logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every forwarded request
+    sock = listen(host, port)
+    port = sock.getsockname()[1]
     if not settings.advertise_url:
         name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        name = f"[{name}]" if ":" in name else name
         settings = dataclasses.replace(settings, advertise_url=f"http://{name}:{port}")
+    logging.getLogger(__name__).info("listening on %s port %d (advertised as %s)", host, port,
+                                     settings.advertise_url)
+    if port_file is not None:
+        write_port(Path(port_file), port)
     app = create_app(settings)
     # asyncio's own loop, not uvloop: uvloop spawns processes (every QEMU) with a fork that
     # runs Python in the child, which in a process with busy threads (S3 client, executors)
     # now and then never reached exec and blocked the server's loop for good.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                loop="asyncio")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="asyncio",
+                                           timeout_graceful_shutdown=5))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+    if not server.started:  # the app did not start (its error is logged): as `uvicorn.run`
+        sys.exit(3)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: a free port the kernel picks) and listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror}") from exc
+
+
+def write_port(path: Path, port: int) -> None:
+    """`port` into `path`, whole or not at all (a reader polls it)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(f"{port}\n")
+    part.replace(path)
