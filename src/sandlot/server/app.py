@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import socket
+import sys
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
@@ -130,8 +131,6 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
 
     It binds its socket itself: with `port` 0 the kernel picks a free one, which it then
     advertises, logs, and writes to `port_file` (if given) once it listens."""
-    import sys
-
     import uvicorn
 
     settings = Settings.from_env(data_dir)
