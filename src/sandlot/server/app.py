@@ -161,12 +161,25 @@ def run(host: str = "127.0.0.1", port: int = 7070, data_dir: Path | str | None =
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (0: a free port the kernel picks) and listening."""
+    """A TCP socket bound to `host`:`port` (0: a free port the kernel picks) and listening.
+
+    Made as asyncio makes the one uvicorn binds itself, protocol named (IPPROTO_TCP): asyncio
+    turns Nagle's algorithm off (TCP_NODELAY) only on connections accepted from a socket whose
+    `proto` says TCP, and `socket.create_server` leaves it 0. With Nagle on, the second part
+    of an answer (uvicorn writes a head, then a body) waits for the client to acknowledge the
+    first: a connection closed meanwhile loses it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
     except OSError as exc:
+        sock.close()
         raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror}") from exc
+    return sock
 
 
 def write_port(path: Path, port: int) -> None:
