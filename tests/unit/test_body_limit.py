@@ -133,3 +133,20 @@ async def test_the_servers_sockets_accept_connections_with_nagle_off(make) -> No
         _, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
         assert await nodelay
         writer.close()
+
+
+async def test_a_client_waiting_for_100_continue_gets_the_413_and_no_100(port,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setattr(body, "LINGER_SECONDS", 3600)  # a wait for the body would time out
+
+    def ask() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"POST /v1/sandboxes HTTP/1.1\r\nhost: sandlot.test\r\nexpect: "
+                      b"100-continue\r\ncontent-length: 1099511627776\r\n\r\n")
+            answer = b""
+            while data := s.recv(1 << 16):  # the server closes: it waits for no body
+                answer += data
+            return answer
+
+    answer = await asyncio.to_thread(ask)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in answer, answer

@@ -60,8 +60,8 @@ class BodyLimit:
         except ValueError:
             declared = -1
         if declared > self.limit:
-            # A client that waits for "100 Continue" sends no body: nothing to drop (and
-            # asking for it would make the server send the 100 after this answer).
+            # A client that waits for "100 Continue" (never sent once an answer starts)
+            # sends no body: nothing to wait for.
             linger = headers.get(b"expect", b"").lower() != b"100-continue"
             await self._refuse(scope, receive, send, self._error(str(declared)), linger)
             return
