@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,14 @@ class BenchServer(ServerProcess):
     @classmethod
     def on_store(cls, root: Path, name: str, s3: S3Server, instance: str | None = None,
                  **env: str) -> BenchServer:
-        """A server in `root/name` whose store is `s3`, started once every template of the
-        shared images dir is stored (a new store gets them at start: ~30 s of hashing and
-        uploading here for one built from an OCI image, which a restore beside it would
-        measure)."""
+        """A server in `root/name` whose store is `s3`, started once its templates are stored
+        (a new store gets them at start, which a restore beside it would measure). Its images
+        dir holds the base template alone (`base_only`): the shared one's other templates, each
+        ~30 s of hashing and uploading here, are used by no store step."""
+        images = base_only(root / name / "images")
         server = cls.in_dir(root / name, instance or f"b{os.getpid()}{name}",
-                            extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env, **env})
+                            extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env,
+                                       "SANDLOT_IMAGES_DIR": str(images), **env})
         server.start(timeout=120)
         deadline = time.monotonic() + 600
         while not httpx.get(f"{server.url}/health", timeout=10).json().get("templates_stored"):
@@ -43,3 +46,16 @@ class BenchServer(ServerProcess):
     @property
     def root(self) -> Path:
         return self.log_path.parent
+
+
+def base_only(root: Path) -> Path:
+    """An images dir that is the shared one (`IMAGES_DIR`, its entries linked) but whose
+    template index holds the base template alone."""
+    if not root.exists():
+        root.mkdir(parents=True)
+        for entry in IMAGES_DIR.iterdir():
+            if entry.name != "templates":
+                (root / entry.name).symlink_to(entry)
+        (root / "templates").mkdir()
+        shutil.copy2(IMAGES_DIR / "templates" / "base.json", root / "templates" / "base.json")
+    return root
