@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from sandlot.testing import IMAGES_DIR, S3Server, ServerProcess
+from sandlot.testing import IMAGES_DIR, S3Server, ServerProcess, base_only_images
 from sandlot.vmm.processes import qemus_under as qemu_pids
 
 __all__ = ["IMAGES_DIR", "BenchServer", "qemu_pids"]
@@ -29,9 +28,9 @@ class BenchServer(ServerProcess):
                  **env: str) -> BenchServer:
         """A server in `root/name` whose store is `s3`, started once its templates are stored
         (a new store gets them at start, which a restore beside it would measure). Its images
-        dir holds the base template alone (`base_only`): the shared one's other templates, each
-        ~30 s of hashing and uploading here, are used by no store step."""
-        images = base_only(root / name / "images")
+        dir holds the base template alone (`base_only_images`): the shared one's other
+        templates, seconds of hashing and uploading each, are used by no store step."""
+        images = base_only_images(root / name / "images")
         server = cls.in_dir(root / name, instance or f"b{os.getpid()}{name}",
                             extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env,
                                        "SANDLOT_IMAGES_DIR": str(images), **env})
@@ -47,15 +46,3 @@ class BenchServer(ServerProcess):
     def root(self) -> Path:
         return self.log_path.parent
 
-
-def base_only(root: Path) -> Path:
-    """An images dir that is the shared one (`IMAGES_DIR`, its entries linked) but whose
-    template index holds the base template alone."""
-    if not root.exists():
-        root.mkdir(parents=True)
-        for entry in IMAGES_DIR.iterdir():
-            if entry.name != "templates":
-                (root / entry.name).symlink_to(entry)
-        (root / "templates").mkdir()
-        shutil.copy2(IMAGES_DIR / "templates" / "base.json", root / "templates" / "base.json")
-    return root

@@ -72,6 +72,22 @@ def loopback_socket() -> socket.socket:
     return sock
 
 
+def base_only_images(root: Path) -> Path:
+    """An images dir at `root` that is the shared one (`IMAGES_DIR`: its entries linked) but
+    for its template index, which holds the base template alone: a server on a new store
+    gives it every template of its index at start (each hashed and uploaded: seconds of CPU
+    apiece), and the shared index gathers what every test run built. Its builds and their
+    lock are the shared ones; its E2B build uploads are its own."""
+    if not root.exists():
+        root.mkdir(parents=True)
+        for entry in IMAGES_DIR.iterdir():
+            if entry.name not in ("templates", "uploads"):
+                (root / entry.name).symlink_to(entry)
+        (root / "templates").mkdir()
+        shutil.copy2(IMAGES_DIR / "templates" / "base.json", root / "templates" / "base.json")
+    return root
+
+
 def free_port() -> int:
     """A loopback port free now, for a server in another process that takes no port 0 or
     socket (`sandlot serve`, SeaweedFS, PostgreSQL): it may lose the port to another before it
