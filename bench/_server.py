@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from sandlot.testing import IMAGES_DIR, S3Server, ServerProcess
+from sandlot.testing import IMAGES_DIR, S3Server, ServerProcess, base_only_images
 from sandlot.vmm.processes import qemus_under as qemu_pids
 
 __all__ = ["IMAGES_DIR", "BenchServer", "qemu_pids"]
@@ -26,12 +26,14 @@ class BenchServer(ServerProcess):
     @classmethod
     def on_store(cls, root: Path, name: str, s3: S3Server, instance: str | None = None,
                  **env: str) -> BenchServer:
-        """A server in `root/name` whose store is `s3`, started once every template of the
-        shared images dir is stored (a new store gets them at start: ~30 s of hashing and
-        uploading here for one built from an OCI image, which a restore beside it would
-        measure)."""
+        """A server in `root/name` whose store is `s3`, started once its templates are stored
+        (a new store gets them at start, which a restore beside it would measure). Its images
+        dir holds the base template alone (`base_only_images`): the shared one's other
+        templates, seconds of hashing and uploading each, are used by no store step."""
+        images = base_only_images(root / name / "images")
         server = cls.in_dir(root / name, instance or f"b{os.getpid()}{name}",
-                            extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env, **env})
+                            extra_env={"SANDLOT_STORE": s3.url("bench"), **s3.env,
+                                       "SANDLOT_IMAGES_DIR": str(images), **env})
         server.start(timeout=120)
         deadline = time.monotonic() + 600
         while not httpx.get(f"{server.url}/health", timeout=10).json().get("templates_stored"):
@@ -43,3 +45,4 @@ class BenchServer(ServerProcess):
     @property
     def root(self) -> Path:
         return self.log_path.parent
+

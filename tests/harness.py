@@ -93,13 +93,16 @@ def start_cluster(s3, postgres, tmp_path_factory, slots: dict[str, int], label: 
     """The started hosts of one deployment, `slots`: host name -> its SANDLOT_MAX_SANDBOXES
     (host ids `host-<name>`): each with its own data dir and instance, all sharing a new
     PostgreSQL database and S3 prefix (`label` names both), with no warm pool; `host_env`:
-    a host's own variables."""
+    a host's own variables. Each host has a template index of its own, of the base template
+    alone (`base_only_images`), as a host of a real deployment has its own images dir."""
     database = postgres.new_database(label + secrets.token_hex(3))
     prefix = f"{label}-{secrets.token_hex(3)}"
     hosts = {}
     for name, count in slots.items():
-        srv = make_server(tmp_path_factory.mktemp(f"host-{name}"), label[:2] + name)
+        root = tmp_path_factory.mktemp(f"host-{name}")
+        srv = make_server(root, label[:2] + name)
         srv.extra_env.update({
+            "SANDLOT_IMAGES_DIR": str(testing.base_only_images(root / "images")),
             "SANDLOT_DATABASE_URL": database, "SANDLOT_STORE": s3.url(prefix), **s3.env,
             "SANDLOT_HOST_ID": f"host-{name}", "SANDLOT_POOL_SIZE": "0",
             "SANDLOT_MAX_SANDBOXES": str(count), **env, **(host_env or {}).get(name, {})})

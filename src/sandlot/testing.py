@@ -65,12 +65,29 @@ def patched_environ(values: dict[str, str]):
 def loopback_socket() -> socket.socket:
     """A TCP socket bound to a loopback port the kernel chose (port 0), for a server of this
     process to serve on (uvicorn: `Server.serve(sockets=[sock])`): the port is the server's
-    from the start, so no other process can take it meanwhile. Its protocol is named, so
-    asyncio turns Nagle's algorithm off on its connections (`sandlot.server.app.listen`)."""
+    from the start, so no other process can take it meanwhile. Its protocol is named
+    (IPPROTO_TCP): asyncio sets TCP_NODELAY only on the connections of such a socket; without
+    it a response written in two parts waited ~40 ms for the client's delayed ACK (Nagle)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
+
+
+def base_only_images(root: Path) -> Path:
+    """An images dir at `root` that is the shared one (`IMAGES_DIR`: its entries linked) but
+    for its template index, which holds the base template alone: a server on a new store
+    gives it every template of its index at start (each hashed and uploaded: seconds of CPU
+    apiece), and the shared index gathers what every test run built. Its builds and their
+    lock are the shared ones; its E2B build uploads are its own."""
+    if not root.exists():
+        root.mkdir(parents=True)
+        for entry in IMAGES_DIR.iterdir():
+            if entry.name not in ("templates", "uploads"):
+                (root / entry.name).symlink_to(entry)
+        (root / "templates").mkdir()
+        shutil.copy2(IMAGES_DIR / "templates" / "base.json", root / "templates" / "base.json")
+    return root
 
 
 def free_port() -> int:

@@ -8,38 +8,26 @@ index (a host of a real deployment has its own images dir), its builds shared wi
 from __future__ import annotations
 
 import secrets
-import shutil
 
 import httpx
 import pytest
 from e2b import Sandbox, Template
 
-from harness import IMAGES_DIR, cleanup, start_cluster
+from harness import cleanup, start_cluster
 from sandlot import Sandlot
 
 TIMEOUT = 900
 NAME = "cluster-tpl-" + secrets.token_hex(3)
 
 
-def own_index(root) -> str:
-    """An images dir whose template index is its own, everything else the shared one's."""
-    root.mkdir(parents=True)
-    for entry in IMAGES_DIR.iterdir():
-        if entry.name == "templates":
-            shutil.copytree(entry, root / "templates")
-        elif entry.name not in ("uploads",) and not entry.name.startswith("."):
-            (root / entry.name).symlink_to(entry)
-    return str(root)
-
-
 @pytest.fixture(scope="module")
 def pair(s3, postgres, tmp_path_factory):
-    images_b = own_index(tmp_path_factory.mktemp("images-b") / "images")
+    """Two hosts, each with a template index of its own (`start_cluster`)."""
     hosts = start_cluster(s3, postgres, tmp_path_factory, {"a": 4, "b": 4}, "ctpl",
-                          {"b": {"SANDLOT_IMAGES_DIR": images_b}}, SANDLOT_HEARTBEAT="1")
+                          SANDLOT_HEARTBEAT="1")
     yield hosts
     httpx.delete(f"{hosts['a'].url}/e2b/templates/{NAME}",
-                 headers={"X-API-KEY": hosts["a"].key})  # the shared index: never left there
+                 headers={"X-API-KEY": hosts["a"].key})  # if the test stopped before its delete
     for srv in hosts.values():
         cleanup(srv)
 

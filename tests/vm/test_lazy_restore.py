@@ -25,7 +25,7 @@ from sandlot import Sandbox, StorageError
 from sandlot.storage.chunks import chunk_key
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Store
-from sandlot.testing import S3Server
+from sandlot.testing import S3Server, base_only_images
 
 pytestmark = pytest.mark.vm
 
@@ -43,8 +43,12 @@ def s3own(tmp_path_factory):
 
 
 def _server(s3: S3Server, tmp_path_factory, name: str, **env: str):
-    srv = make_server(tmp_path_factory.mktemp(name), name + secrets.token_hex(2))
+    """A server on the module's store whose images dir knows the base template alone
+    (`base_only_images`: the shared index's others are not given to the store meanwhile)."""
+    root = tmp_path_factory.mktemp(name)
+    srv = make_server(root, name + secrets.token_hex(2))
     srv.extra_env.update({"SANDLOT_STORE": s3.url("lazy"), "SANDLOT_POOL_SIZE": "0", **s3.env,
+                          "SANDLOT_IMAGES_DIR": str(base_only_images(root / "images")),
                           **env})
     srv.start()
     return srv

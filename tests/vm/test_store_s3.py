@@ -17,13 +17,19 @@ from harness import cleanup, make_server
 from sandlot import Sandbox, Snapshot
 from sandlot.storage.objects import open_store
 from sandlot.storage.store import Store
+from sandlot.testing import base_only_images
 
 MiB = 1 << 20
 
 
 def server_on(s3, tmp_path_factory, prefix: str, name: str, **env: str):
-    srv = make_server(tmp_path_factory.mktemp(name), name + secrets.token_hex(2))
+    """A server on `prefix` of `s3`; unless `env` names another, its images dir knows the base
+    template alone (`base_only_images`: no other template of the shared index is given to the
+    store behind the tests' backs)."""
+    root = tmp_path_factory.mktemp(name)
+    srv = make_server(root, name + secrets.token_hex(2))
     srv.extra_env.update({"SANDLOT_STORE": s3.url(prefix), "SANDLOT_POOL_SIZE": "0",
+                          "SANDLOT_IMAGES_DIR": str(base_only_images(root / "images")),
                           **s3.env, **env})
     return srv
 
