@@ -63,15 +63,14 @@ def patched_environ(values: dict[str, str]):
 
 
 def loopback_socket() -> socket.socket:
-    """A TCP socket bound to a loopback port the kernel chose (port 0), for a server of this
-    process to serve on (uvicorn: `Server.serve(sockets=[sock])`): the port is the server's
-    from the start, so no other process can take it meanwhile. Its protocol is named
-    (IPPROTO_TCP): asyncio sets TCP_NODELAY only on the connections of such a socket; without
-    it a response written in two parts waited ~40 ms for the client's delayed ACK (Nagle)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
+    """A TCP socket listening on a loopback port the kernel chose (port 0), for a server of
+    this process to serve on (uvicorn: `Server.serve(sockets=[sock])`): the port is the
+    server's from the start, so no other process can take it meanwhile. It is the socket
+    `sandlot serve --port 0` serves on (`server.app.listen`), protocol named so that its
+    connections have Nagle's algorithm off."""
+    from sandlot.server.app import listen
+
+    return listen("127.0.0.1", 0)
 
 
 def base_only_images(root: Path) -> Path:

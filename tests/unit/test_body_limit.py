@@ -17,7 +17,7 @@ from sandlot.config import Limits
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server import body
 from sandlot.server.app import create_app, listen
-from sandlot.testing import fake_settings, loopback_socket
+from sandlot.testing import fake_settings
 
 LIMIT = 64 << 10
 HUGE = 4 << 20  # 64 times the limit: far more than the kernel's socket buffers hold
@@ -115,9 +115,7 @@ async def test_the_server_reads_a_refused_body_only_so_far(port, monkeypatch) ->
     assert answer.startswith(b"HTTP/1.1 413 ") and b'"code": 413' in answer, answer
 
 
-@pytest.mark.parametrize("make", [lambda: listen("127.0.0.1", 0), loopback_socket],
-                         ids=["serve", "loopback_socket"])
-async def test_the_servers_sockets_accept_connections_with_nagle_off(make) -> None:
+async def test_the_servers_socket_accepts_connections_with_nagle_off() -> None:
     """asyncio sets TCP_NODELAY on an accepted connection only if the listening socket's
     `proto` is IPPROTO_TCP: with Nagle on, the body of an answer waited for the client's
     acknowledgement of its head, and a refusal's connection closed meanwhile lost it."""
@@ -128,7 +126,7 @@ async def test_the_servers_sockets_accept_connections_with_nagle_off(make) -> No
         nodelay.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
         writer.close()
 
-    server = await asyncio.start_server(accepted, sock=make())
+    server = await asyncio.start_server(accepted, sock=listen("127.0.0.1", 0))
     async with server:
         _, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
         assert await nodelay
