@@ -22,6 +22,8 @@ import harness
 from harness import IMAGES_DIR, Server, cleanup, make_server  # noqa: F401
 from sandlot import testing
 
+pytest_plugins = ["cputime"]  # host CPU time by test module, at the end of the run
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _net_table() -> Iterator[None]:
