@@ -16,7 +16,7 @@ serve: setup
 	$(VENV)/sandlot serve --port $(PORT)
 
 test: setup
-	$(VENV)/python -m pytest tests -q -ra --durations=30
+	@scripts/test.sh
 
 test-unit: setup
 	$(VENV)/python -m pytest tests/unit -q
