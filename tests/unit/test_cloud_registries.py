@@ -6,6 +6,7 @@ not answer (the builds themselves: tests/e2b/test_e2b_cloud_registries.py)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import httpx
@@ -102,16 +103,14 @@ async def test_an_ecr_endpoint_that_does_not_answer_fails_clearly(tmp_path) -> N
     with pytest.raises(ImageError, match=r"region us-east-1\) could not be reached"):
         await ecr.login(keys, "http://127.0.0.1:1")
 
-    def answer(status: int, body: bytes):
-        return lambda request: httpx.Response(status, content=body)
-
-    for status, body, words in ((500, b"", "answered 500"), (200, b"{}", "without an authorization token"),
-                                (200, b"not json", "without an authorization"),
-                                (200, json.dumps({"authorizationData": [{
-                                    "authorizationToken": "bm9jb2xvbg=="}]}).encode(),
-                                 "not a login")):
-        transport = httpx.MockTransport(answer(status, body))
-        real = httpx.AsyncClient
+    real = httpx.AsyncClient
+    token = base64.b64encode(b"no-colon").decode()
+    for status, body, words in (
+            (500, b"", "answered 500"), (200, b"{}", "without an authorization token"),
+            (200, b"not json", "without an authorization token"),
+            (200, json.dumps({"authorizationData": [{"authorizationToken": token}]}).encode(),
+             "not a login")):
+        transport = httpx.MockTransport(lambda _, s=status, b=body: httpx.Response(s, content=b))
 
         def client(*a, transport=transport, **kw):
             return real(*a, transport=transport, **kw)
