@@ -667,12 +667,14 @@ class RegistryServer:
     registry) on a loopback port, plain HTTP, storing in `root`. Name it in
     `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS. It binds
     port 0 and its log says which port it got. With `login` (user, password) it answers
-    only that login (HTTP basic auth, the registry's htpasswd)."""
+    only that login (HTTP basic auth, the registry's htpasswd; bcrypt: a password's first 72
+    bytes), and those of `more_logins`."""
 
     root: Path
     port: int = 0  # known once started
     proc: subprocess.Popen | None = None
     login: tuple[str, str] | None = None
+    more_logins: tuple[tuple[str, str], ...] = ()
 
     @property
     def host(self) -> str:
@@ -723,9 +725,12 @@ class RegistryServer:
         with warnings.catch_warnings():  # crypt: the C library's bcrypt, no package needed
             warnings.simplefilter("ignore", DeprecationWarning)
             import crypt  # noqa: PLC0415
+        def hashed(password: str) -> str:  # bcrypt reads 72 bytes; the C library takes <512
+            first = password.encode()[:72].decode(errors="ignore")
+            return crypt.crypt(first, crypt.mksalt(crypt.METHOD_BLOWFISH))
+
         (self.root / "htpasswd").write_text("".join(
-            f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
-            for user, password in (self.login, *self.more_logins)))
+            f"{user}:{hashed(password)}\n" for user, password in (self.login, *self.more_logins)))
         return (f"auth:\n  htpasswd:\n    realm: sandlot-test\n"
                 f"    path: {self.root / 'htpasswd'}\n")
 

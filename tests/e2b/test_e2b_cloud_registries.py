@@ -50,7 +50,6 @@ def clouds(tmp_path_factory, oci_images):
     (`_json_key` / the key), holding a Debian test image; moto's server, whose IAM knows one
     access key; a sandlot server whose ECR API is moto's."""
     moto = testing.EcrServer(tmp_path_factory.mktemp("moto"))
-    moto.start()
     gcp_key = service_account(secrets.token_hex(20))
     registry = testing.RegistryServer(
         tmp_path_factory.mktemp("cloud-registry"), login=("AWS", moto.password),
@@ -58,6 +57,7 @@ def clouds(tmp_path_factory, oci_images):
     srv = make_server(tmp_path_factory.mktemp("clouds"), "cloud")
     key = None
     try:
+        moto.start()
         registry.start()
         access_key, secret = moto.require_keys()
         layout = imagekit.variant(imagekit.debian_layout(), tmp_path_factory.mktemp("img"),
