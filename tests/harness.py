@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import tarfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from sandlot import testing
@@ -230,3 +231,22 @@ def own_internet(root: Path, ns: str, veth: str, net: ipaddress.IPv4Network,
             proc.wait(5)
         sh("ip", "link", "del", veth, check=False)
         sh("ip", "netns", "del", ns, check=False)
+
+
+def delete_tenant_templates(srv: Server, key: str, names: Iterable[str],
+                            registry: str) -> None:
+    """Remove through the API what a tenant's (`key`) E2B builds left in the images index the
+    test servers share: its templates `names`, and the templates of the images it pulled from
+    `registry` (host:port) with its own login (`image-t...`). Whatever is not there is
+    skipped: for a fixture's teardown, after tests that may have failed anywhere."""
+    import httpx
+
+    headers = {"X-API-KEY": key}
+    listing = httpx.get(f"{srv.url}/v1/templates", headers=headers, timeout=60)
+    listing.raise_for_status()
+    pulled = [t["name"] for t in listing.json()["templates"]
+              if t["name"].startswith("image-t") and (t.get("image") or "").startswith(
+                  registry + "/")]
+    for name in (*names, *pulled):
+        r = httpx.delete(f"{srv.url}/e2b/templates/{name}", headers=headers, timeout=60)
+        assert r.status_code in (204, 404), (name, r.status_code, r.text)

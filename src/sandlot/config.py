@@ -21,7 +21,9 @@ SANDLOT_REGISTRIES: the registries image pulls may reach (images/egress.py; defa
 addresses only); SANDLOT_INSECURE_REGISTRIES (host[:port],...: reached over plain HTTP) and
 SANDLOT_REGISTRY_AUTH_FILE (registry credentials) (images/oci.py); SANDLOT_BUILDAH_DRIVER
 (overlay|vfs: Dockerfile builds, images/dockerfile.py). SANDLOT_WRITE_TRACKING=off: captures
-copy every changed page in the pause (vmm/write_tracking.py).
+copy every changed page in the pause (vmm/write_tracking.py). SANDLOT_ECR_ENDPOINT: the URL of
+ECR's API that E2B builds from an AWS registry get their login from (images/ecr.py; default
+AWS's endpoint of the build's region; e.g. a VPC endpoint).
 
 Several hosts (docs/cluster.md): SANDLOT_DATABASE_URL (a ``postgresql://`` URL shared by every
 host; default SQLite under the data dir), SANDLOT_HOST_ID (this host's stable id; default made
@@ -71,6 +73,17 @@ def _accel_env() -> str | None:
     if forced and forced not in ("kvm", "tcg"):
         raise InvalidArgumentError(f"SANDLOT_ACCEL must be kvm or tcg, not {forced!r}")
     return forced or None
+
+
+def _url_env(name: str) -> str | None:
+    """An http(s) URL from `name`, or None when unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    scheme, _, rest = value.partition("://")
+    if scheme not in ("http", "https") or not rest.split("/")[0]:
+        raise InvalidArgumentError(f"{name} must be an http(s) URL, not {value[:80]!r}")
+    return value
 
 
 def _off(name: str, default: str = "on") -> bool:
@@ -194,6 +207,7 @@ class Settings:
     insecure_registries: tuple[str, ...] = ()
     registry_auth_file: str | None = None
     buildah_driver: str = "overlay"  # SANDLOT_BUILDAH_DRIVER: overlay or vfs
+    ecr_endpoint: str | None = None  # SANDLOT_ECR_ENDPOINT (None: AWS's, by region)
     write_tracking: bool = True  # SANDLOT_WRITE_TRACKING (vmm/write_tracking.py)
 
     @functools.cached_property
@@ -258,6 +272,7 @@ class Settings:
                        .split(",") if h.strip()),
                    registry_auth_file=os.environ.get("SANDLOT_REGISTRY_AUTH_FILE") or None,
                    buildah_driver=os.environ.get("SANDLOT_BUILDAH_DRIVER") or "overlay",
+                   ecr_endpoint=_url_env("SANDLOT_ECR_ENDPOINT"),
                    write_tracking=not _off("SANDLOT_WRITE_TRACKING"))
 
     def stable_host_id(self) -> str:

@@ -8,7 +8,8 @@ port), e.g. to test recovery.
 `InProcess`: the real app and core on the fake machine layer (runtime/fake.py), served in the
 test's own process through httpx transports: the SDKs run against it with no VM and no socket.
 
-`S3Server`, `PostgresServer`, `RegistryServer`: real third-party servers on loopback.
+`S3Server`, `PostgresServer`, `RegistryServer`, `EcrServer`: real third-party servers on
+loopback.
 
 Every server here runs in a process group of its own, is stopped by its owner (`stop`, `close`)
 and, should the owner not get there, when this process exits. Ports: a server in this process
@@ -665,12 +666,14 @@ class RegistryServer:
     registry) on a loopback port, plain HTTP, storing in `root`. Name it in
     `SANDLOT_INSECURE_REGISTRIES` (`env`) so sandlot pulls from it without TLS. It binds
     port 0 and its log says which port it got. With `login` (user, password) it answers
-    only that login (HTTP basic auth, the registry's htpasswd)."""
+    only that login (HTTP basic auth, the registry's htpasswd; bcrypt: a password's first 72
+    bytes), and those of `more_logins`."""
 
     root: Path
     port: int = 0  # known once started
     proc: subprocess.Popen | None = None
     login: tuple[str, str] | None = None
+    more_logins: tuple[tuple[str, str], ...] = ()
 
     @property
     def host(self) -> str:
@@ -721,14 +724,91 @@ class RegistryServer:
         with warnings.catch_warnings():  # crypt: the C library's bcrypt, no package needed
             warnings.simplefilter("ignore", DeprecationWarning)
             import crypt  # noqa: PLC0415
-        user, password = self.login
-        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
-        (self.root / "htpasswd").write_text(f"{user}:{hashed}\n")
+        def hashed(password: str) -> str:  # bcrypt reads 72 bytes; the C library takes <512
+            first = password.encode()[:72].decode(errors="ignore")
+            return crypt.crypt(first, crypt.mksalt(crypt.METHOD_BLOWFISH))
+
+        (self.root / "htpasswd").write_text("".join(
+            f"{user}:{hashed(password)}\n" for user, password in (self.login, *self.more_logins)))
         return (f"auth:\n  htpasswd:\n    realm: sandlot-test\n"
                 f"    path: {self.root / 'htpasswd'}\n")
 
     def stop(self) -> None:
         """Stop it and whatever it started (its process group), even if it already exited."""
+        _stop_group(self.proc)
+        self.proc = None
+        _untrack(self)
+
+
+# ---- AWS ECR's API on loopback ------------------------------------------------------------
+
+
+@dataclass
+class EcrServer:
+    """An AWS API on a loopback port that answers ECR's `GetAuthorizationToken` (moto's
+    server, a process; the `moto[server]` test extra): its token is the login `AWS` /
+    `password` of account `account`. Keys are not checked until `require_keys`."""
+
+    root: Path
+    account: str = field(default_factory=lambda: str(secrets.randbelow(9 * 10**11) + 10**11))
+    port: int = 0  # known once started
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def password(self) -> str:
+        """The password of the registry login (user `AWS`) its tokens hold."""
+        return f"{self.account}-auth-token"
+
+    def start(self, timeout: float = 60) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        log_path = self.root / "moto.log"
+        offset = _size(log_path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                stdout=log, stderr=log, start_new_session=True,
+                env={**env, "MOTO_ACCOUNT_ID": self.account})
+        _track(self)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(r"Running on http://127\.0\.0\.1:(\d+)",
+                              _log_since(log_path, offset))
+            if found:
+                self.port = int(found.group(1))
+                try:
+                    if httpx.get(f"{self.url}/moto-api/", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RuntimeError(f"moto's server did not come up: {tail}")
+            time.sleep(0.2)
+
+    def require_keys(self) -> tuple[str, str]:
+        """A new IAM user's access key (id, secret) allowed `ecr:GetAuthorizationToken`;
+        from then on the server checks every request's key and signature."""
+        import boto3  # noqa: PLC0415
+
+        iam = boto3.client("iam", endpoint_url=self.url, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")
+        name = "puller-" + secrets.token_hex(4)
+        iam.create_user(UserName=name)
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        iam.put_user_policy(UserName=name, PolicyName="ecr-login", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"}]}))
+        httpx.post(f"{self.url}/moto-api/reset-auth", content=b"0", timeout=10
+                   ).raise_for_status()
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def stop(self) -> None:
         _stop_group(self.proc)
         self.proc = None
         _untrack(self)

@@ -2,7 +2,8 @@
 `e2b` SDK's `Template().from_image(ref, username=, password=)` (E2B's `fromImageRegistry`),
 against a real server and real VMs: without the login (or with a wrong one) the build fails
 saying so in its logs; with it the build succeeds; the login is used for that build's pull
-only (kept nowhere, shown nowhere), and what it pulled is that tenant's alone."""
+only (kept nowhere, shown nowhere), and what it pulled is that tenant's alone. What the tests
+built (and the template of the image they pulled) is deleted after them."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 import imagekit
-from harness import cleanup, make_server
+from harness import cleanup, delete_tenant_templates, make_server
 from sandlot import testing
 
 USER = "builder"
+BUILT = ("e2b-private", "e2b-private-2", "e2b-pinned", "e2b-private-js")
 
 
 def tenant_key(srv, tenant: str) -> str:
@@ -41,6 +43,7 @@ def private(tmp_path_factory, oci_images):
                                       login=(USER, password))
     registry.start()
     srv = make_server(tmp_path_factory.mktemp("private"), "priv")
+    key = None
     try:
         layout = imagekit.variant(imagekit.debian_layout(), tmp_path_factory.mktemp("img"),
                                   f"PRIVATE_IMAGE={secrets.token_hex(4)}")
@@ -52,13 +55,18 @@ def private(tmp_path_factory, oci_images):
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         srv.extra_env.update(registry.env)
         srv.start()
+        key = tenant_key(srv, "private")
         yield {"server": srv, "ref": ref, "password": password,
                "pinned": f"{registry.host}/team/private@{digest}",
                "opts": {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
-                        "api_key": tenant_key(srv, "private")}}
+                        "api_key": key}}
     finally:
-        cleanup(srv)
-        registry.stop()
+        try:  # the images index is shared: what the tests built goes, the pull's image too
+            if key:
+                delete_tenant_templates(srv, key, BUILT, registry.host)
+        finally:
+            cleanup(srv)
+            registry.stop()
 
 
 def failed_build(template: Template, name: str, opts: dict) -> tuple[str, list[str]]:

@@ -169,7 +169,8 @@ async def test_sandbox_logs(env) -> None:
 
 async def test_an_image_pulled_with_a_tenants_login_is_its_own(env) -> None:
     """The template of an image a build pulled with its own registry login (core's
-    `private_image`) is used by that tenant only, and not listed (it is sandlot's own)."""
+    `private_image`) is used by that tenant only, and not listed (it is sandlot's own); that
+    tenant may delete it."""
     core, keys, client = env
     a, b = await core.authenticate(keys["a"]), await core.authenticate(keys["b"])
     base = core.templates.get("base")
@@ -182,6 +183,13 @@ async def test_an_image_pulled_with_a_tenants_login_is_its_own(env) -> None:
     for key in "ab":
         res = await get_templates.asyncio_detailed(client=client[key])
         assert {t.template_id for t in res.parsed} == {"base"}
+    # its tenant deletes it (E2B's DELETE /templates/{id}), another cannot
+    http = {key: client[key].get_async_httpx_client() for key in "ab"}
+    assert (await http["b"].delete("/templates/image-t0123456789abcdef")).status_code == 404
+    assert (await http["a"].delete("/templates/image-t0123456789abcdef")).status_code == 204
+    with pytest.raises(NotFoundError):
+        await core.templates.info("image-t0123456789abcdef", a)
+    assert (await http["a"].delete("/templates/image-0123456789abcdef")).status_code == 404
 
 
 async def test_build_logs_from_a_time(env) -> None:

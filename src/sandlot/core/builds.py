@@ -57,13 +57,14 @@ from sandlot.errors import (
     PermissionDeniedError,
     SandlotError,
 )
-from sandlot.images import dockersteps, oci, steps
+from sandlot.images import dockersteps, ecr, oci, steps
 from sandlot.images.pipeline import registry_access
 from sandlot.images.spec import IMAGE_TEMPLATE_PREFIX, NAME_RE
 from sandlot.runtime.base import Exited, Output, Runtime
 
 log = logging.getLogger(__name__)
 MAX_LOG_LINES = 20000
+PULLED_PREFIX = IMAGE_TEMPLATE_PREFIX + "t"  # an image pulled with a tenant's login
 KEPT_SECONDS = 7 * 86400  # a finished build's status and logs are kept a week
 MAX_UNSTARTED = 32  # builds a tenant requested and has not started
 UNSTARTED_TTL = 3600  # s: a requested build not started by then is forgotten
@@ -92,7 +93,7 @@ class BuildSpec:
     force: bool = False  # rebuild every step
     start_cmd: str | None = None
     ready_cmd: str | None = None
-    login: RegistryLogin | None = None  # for `image`'s registry
+    login: RegistryLogin | ecr.Keys | None = None  # for `image`'s registry
 
 
 @dataclass
@@ -324,8 +325,10 @@ class TemplateBuilds:
         return info
 
     async def delete(self, name: str, who: Principal) -> None:
-        """Remove a template the tenant built (an operator's: the CLI removes those)."""
-        base, _ = template_name(name)
+        """Remove a template the tenant built, or an image it pulled with its own registry
+        login (`image-t...`, its own alone); an operator's: the CLI removes those."""
+        pulled = name.startswith(PULLED_PREFIX) and NAME_RE.fullmatch(name)
+        base = name if pulled else template_name(name)[0]
         info = await self.templates.current(base)
         if not visible(info, who):
             raise NotFoundError(f"template {base!r} not found")
@@ -591,7 +594,8 @@ class TemplateBuilds:
             create = CreateSandbox(template=parent.name)
         elif spec.login is not None:  # the tenant's own credentials: a pull of its own
             ref = oci.parse_reference(spec.image or "")
-            with oci.login_file(ref, spec.login.username, spec.login.password) as path:
+            login = await self._registry_login(build, spec.login)
+            with oci.login_file(ref, login.username, login.password) as path:
                 name, pinned = await self.templates.private_image(
                     ref, replace(registry_access(self.settings), auth_file=path),
                     who)
@@ -770,6 +774,15 @@ class TemplateBuilds:
                 raise BuildStepError(f"the ready command {ready_cmd!r} did not succeed within "
                                      "the build's time limit")
             await asyncio.sleep(1)
+
+    async def _registry_login(self, build: Build, login: RegistryLogin | ecr.Keys
+                              ) -> RegistryLogin:
+        """The login a build pulls its base image with: an AWS access key's is the token
+        ECR's API gives it now (images/ecr.py), for the image's registry."""
+        if not isinstance(login, ecr.Keys):
+            return login
+        build.log(f"Registry login: asking ECR (region {login.region}) for a token")
+        return RegistryLogin(*await ecr.login(login, self.settings.ecr_endpoint))
 
     async def _drop_snapshot(self, info: TemplateInfo) -> None:
         assert info.snapshot_id

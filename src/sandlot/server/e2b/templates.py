@@ -19,6 +19,7 @@ hands back is the template's name: `Sandbox.create(name)` starts from it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 
@@ -30,7 +31,7 @@ from sandlot.core.builds import MAX_LOG_LINES, Build, BuildSpec, RegistryLogin, 
 from sandlot.core.models import TemplateInfo, now
 from sandlot.core.templates import DEFAULT_TAG
 from sandlot.errors import InvalidArgumentError, NotFoundError
-from sandlot.images import steps
+from sandlot.images import ecr, steps
 from sandlot.images.spec import IMAGE_TEMPLATE_PREFIX
 from sandlot.server.auth import who
 from sandlot.server.deps import core
@@ -44,13 +45,14 @@ from sandlot.server.e2b.api import (
     window,
 )
 from sandlot.server.e2b.convert import ENVD_VERSION, rfc3339
-from sandlot.server.e2b.errors import Unsupported
 
 router = APIRouter(prefix=PREFIX, route_class=E2BRoute,
                    dependencies=[Depends(require_e2b_key)], include_in_schema=False)
 upload_router = APIRouter(prefix=PREFIX, route_class=E2BRoute, include_in_schema=False)
 MAX_LOG_PAGE = 100
 MAX_LOGIN = 4096  # a registry token (a JWT) is long, but not longer
+MAX_KEY_FILE = 16384  # a GCP service account's JSON key (~2.3 KB; 4096-bit RSA ~3.3 KB)
+GCP_USER = "_json_key"  # Artifact Registry's and GCR's login with a JSON key
 
 
 class BuildRequest(Body):
@@ -105,18 +107,19 @@ def _spec(body: BuildStart) -> BuildSpec:
                      login=_login(body.from_image_registry) if image else None)
 
 
-def _login(registry: dict | None) -> RegistryLogin | None:
-    """E2B's ``fromImageRegistry``: a registry's username and password, for this build's
-    pull only. AWS's and GCP's need those clouds' APIs (a token from an access key or a
-    service account): 501."""
+def _login(registry: dict | None) -> RegistryLogin | ecr.Keys | None:
+    """E2B's ``fromImageRegistry``, for this build's pull only: a registry's username and
+    password; GCP's service account key (Artifact Registry's and GCR's login ``_json_key``
+    with the key file as password); AWS's access key, which the build turns into an ECR
+    login (images/ecr.py)."""
     if not registry:
         return None
     kind = registry.get("type") or "registry"
-    if kind in ("aws", "gcp"):
-        raise Unsupported(f"{kind!r} registry credentials need {kind.upper()}'s API to turn "
-                          "them into a registry login, which sandlot does not call; give the "
-                          "registry's username and password (from_image(ref, username=, "
-                          "password=)), e.g. a token the cloud's CLI printed")
+    if kind == "aws":
+        return ecr.parse_keys(registry.get("awsAccessKeyId"),
+                              registry.get("awsSecretAccessKey"), registry.get("awsRegion"))
+    if kind == "gcp":
+        return RegistryLogin(GCP_USER, _service_account(registry.get("serviceAccountJson")))
     if kind != "registry":
         raise InvalidArgumentError(f"unknown fromImageRegistry type {str(kind)[:32]!r}: "
                                    "registry, aws or gcp")
@@ -127,6 +130,30 @@ def _login(registry: dict | None) -> RegistryLogin | None:
         raise InvalidArgumentError(f"fromImageRegistry: a username without ':' and a "
                                    f"password, each at most {MAX_LOGIN} characters")
     return RegistryLogin(user, password)
+
+
+def _service_account(text: object) -> str:
+    """A GCP service account key file's JSON (``serviceAccountJson``), checked: the password
+    of the ``_json_key`` login, as given (a trailing newline dropped, as `docker login`
+    does)."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArgumentError("fromImageRegistry (gcp) needs serviceAccountJson, a "
+                                   "service account's JSON key")
+    if len(text) > MAX_KEY_FILE:
+        raise InvalidArgumentError(f"fromImageRegistry (gcp): serviceAccountJson is over "
+                                   f"{MAX_KEY_FILE} characters; a JSON key is about 2.3 KB")
+    try:
+        key = json.loads(text)
+    except ValueError:
+        raise InvalidArgumentError("fromImageRegistry (gcp): serviceAccountJson is not "
+                                   "JSON") from None
+    if not (isinstance(key, dict) and key.get("type") == "service_account"
+            and all(isinstance(key.get(f), str) and key[f]
+                    for f in ("client_email", "private_key"))):
+        raise InvalidArgumentError("fromImageRegistry (gcp): serviceAccountJson is not a "
+                                   "service account's JSON key (type \"service_account\", "
+                                   "with client_email and private_key)")
+    return text.rstrip("\r\n")
 
 
 def _build_id(info: TemplateInfo) -> str:
