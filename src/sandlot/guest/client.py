@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
@@ -34,6 +35,7 @@ from sandlot.errors import (
     SandlotError,
 )
 from sandlot.guest.protocol import EXIT_EVENT, PROTO_VERSION, request_header
+from sandlot.guest.volserve import VolumeServer
 from sandlot.guest.wire import CHUNK_SIZE, FrameDecoder, encode
 
 READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
@@ -265,6 +267,10 @@ def _unread(fd: int) -> int:
 class AgentClient:
     """A session with the guest agent. Create with `await AgentClient.connect(path)`."""
 
+    # Serves the guest's volume mounts (`vreq` frames); the runtime sets it, once per process.
+    volumes: VolumeServer | None = None
+    MAX_VOLUME_CALLS = 64  # a guest's requests in flight; more are answered EBUSY
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
@@ -275,6 +281,7 @@ class AgentClient:
         self._flowing = asyncio.Event()  # cleared while a capture's pause holds writes back
         self._flowing.set()
         self._task: asyncio.Task | None = None
+        self._calls: set[asyncio.Task] = set()
         self._closed: BaseException | None = None
         self.state = LinkState.CONNECTING
         self.hello: Hello | None = None
@@ -407,6 +414,8 @@ class AgentClient:
     async def close(self) -> None:
         if self._task:
             self._task.cancel()
+        for call in list(self._calls):
+            call.cancel()
         self._writer.close()
         with contextlib.suppress(OSError, TimeoutError):
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
@@ -476,6 +485,9 @@ class AgentClient:
             self._fail(e)
 
     async def _dispatch(self, header: dict, payload: bytes) -> None:
+        if "vreq" in header:
+            self._volume_call(header, payload)
+            return
         rid = header.get("id")
         inbox = self._streams.get(rid)
         if inbox is not None:
@@ -484,6 +496,26 @@ class AgentClient:
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result(header)
+
+    def _volume_call(self, header: dict, payload: bytes) -> None:
+        """A guest's volume request: answered by its own task (a slow disk holds up no
+        other frame)."""
+        vreq = header["vreq"]
+        if not isinstance(vreq, int) or isinstance(vreq, bool):
+            return
+        server = AgentClient.volumes
+
+        async def answer() -> None:
+            if server is None or len(self._calls) > self.MAX_VOLUME_CALLS:
+                fields, data = {"errno": errno.EIO if server is None else errno.EBUSY}, b""
+            else:
+                fields, data = await server.handle(header, payload)
+            with contextlib.suppress(GuestError):
+                await self._send({**fields, "vreq": vreq}, data)
+
+        task = asyncio.create_task(answer())
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def _fail(self, exc: BaseException) -> None:
         if self._closed is None:
@@ -751,3 +783,9 @@ class AgentClient:
 
     async def rename(self, src: str, dst: str) -> FileEntry:
         return FileEntry.parse(await self._request("rename", src=src, dst=dst))
+
+    async def mount(self, path: str, token: str, user: str | None = None) -> None:
+        """Mounts the volume `token` names at `path` (needs the `volumes` capability)."""
+        if not self.has_cap("volumes"):
+            raise GuestError("this sandbox's guest agent has no volumes (an older template)")
+        await self._request("mount", path=path, token=token, user=user)

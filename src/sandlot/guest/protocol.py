@@ -73,6 +73,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("remove", ("path",), (), doc="a file, symlink or directory tree"),
     Op("mkdir", ("path", "user"), ("created", *ENTRY_FIELDS), doc="with parents"),
     Op("rename", ("src", "dst"), ENTRY_FIELDS),
+    Op("mount", ("path", "token", "user"), (),
+       doc="mounts a volume at path (FUSE; its requests come to the host as `vreq` frames): "
+           "token is the host's capability for it, its files appear owned by user"),
 )}
 
 # Events that end a stream: `exit` for processes; an answer with `ok` and no event for reads.
