@@ -18,6 +18,8 @@ import hashlib
 import hmac
 import os
 import re
+import secrets
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -38,12 +40,37 @@ def _fail(code: int) -> VolumeError:
     return VolumeError(code, os.strerror(code))
 
 
+def host_key(path: Path) -> bytes:
+    """The key of a host's volume tokens: made once, kept in `path` (the server's only)."""
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.replace(tmp, path)
+        return bytes.fromhex(path.read_text().strip())
+
+
 class VolumeServer:
     """Volumes' directories under `root` (one per volume id), tokens signed with `key`."""
 
     def __init__(self, root: Path, key: bytes) -> None:
         self.root = root
         self._key = key
+
+    # ---- volumes --------------------------------------------------------------------------
+
+    def create(self, volume_id: str) -> None:
+        self.token(volume_id)  # checks the id
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / volume_id).mkdir(mode=0o755)
+
+    def delete(self, volume_id: str) -> None:
+        self.token(volume_id)
+        shutil.rmtree(self.root / volume_id, ignore_errors=True)
 
     # ---- tokens ---------------------------------------------------------------------------
 
