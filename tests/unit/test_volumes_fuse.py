@@ -112,7 +112,9 @@ def _fuse_usable() -> bool:
 
 
 @pytest.fixture
-async def mounted(tmp_path: Path, server: VolumeServer) -> AsyncIterator[Path]:
+async def linked(tmp_path: Path, server: VolumeServer
+                 ) -> AsyncIterator[tuple[Path, AgentClient]]:
+    """The agent run here, with the volume vol-a mounted under tmp_path, and its client."""
     if not _fuse_usable():
         pytest.skip("needs root and /dev/fuse")
     agent = AgentProcess()
@@ -126,12 +128,17 @@ async def mounted(tmp_path: Path, server: VolumeServer) -> AsyncIterator[Path]:
     try:
         assert client.has_cap("volumes")
         await client.mount(str(mnt), server.token("vol-a"))
-        yield mnt
+        yield mnt, client
     finally:
         await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mnt)], check=False)
         AgentClient.volumes = old
         await client.close()
         agent.close()
+
+
+@pytest.fixture
+def mounted(linked) -> Path:
+    return linked[0]
 
 
 async def test_agent_mounts_a_volume_with_fuse(mounted: Path, server: VolumeServer) -> None:
@@ -183,3 +190,20 @@ async def test_mount_refuses_bad_paths(tmp_path: Path, server: VolumeServer) -> 
     finally:
         await client.close()
         agent.close()
+
+
+async def test_uploads_into_a_volume_do_not_wait_on_the_main_loop(linked,
+                                                                  server: VolumeServer) -> None:
+    """The agent writes an upload in a goroutine of its own, with the host's window: an
+    upload into the volume (each of its writes a request the main loop must answer) ends."""
+    mounted, client = linked
+    assert client.has_cap("write_credit")
+    data = os.urandom(20 << 20)
+
+    async def chunks():
+        for i in range(0, len(data), 3 << 20):
+            yield data[i:i + (3 << 20)]
+
+    entry = await asyncio.wait_for(client.write(str(mounted / "up" / "big.bin"), chunks()), 120)
+    assert entry.size == len(data)
+    assert (server.root / "vol-a" / "up" / "big.bin").read_bytes() == data

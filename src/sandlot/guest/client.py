@@ -40,6 +40,7 @@ from sandlot.guest.wire import CHUNK_SIZE, FrameDecoder, encode
 
 READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
 OUTPUT_WINDOW = 32  # output events (at most 64 KiB each) a command may run ahead
+WRITE_WINDOW = 8  # chunks (1 MiB each) a file write may send ahead of the agent writing them
 OUTPUT_CREDIT_BATCH = 8  # consumed output events acknowledged in one credit frame
 # Why: what a stream's consumer has not taken yet stays in the server's memory. Past these
 # bounds the stream ends with an error instead of holding up the connection's other streams.
@@ -282,6 +283,7 @@ class AgentClient:
         self._flowing.set()
         self._task: asyncio.Task | None = None
         self._calls: set[asyncio.Task] = set()
+        self._write_credits: dict[int, asyncio.Semaphore] = {}  # writes' chunks in flight
         self._closed: BaseException | None = None
         self.state = LinkState.CONNECTING
         self.hello: Hello | None = None
@@ -489,6 +491,11 @@ class AgentClient:
             self._volume_call(header, payload)
             return
         rid = header.get("id")
+        if header.get("event") == "ack":
+            credits = self._write_credits.get(rid)
+            if credits is not None:
+                credits.release()
+            return
         inbox = self._streams.get(rid)
         if inbox is not None:
             inbox.put(header, payload)  # never waits: one slow stream holds up no other
@@ -741,12 +748,19 @@ class AgentClient:
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
+        # Why a window: the agent writes in a goroutine of its own, and a slow file system
+        # (a volume: each write a round trip to this host) must not fill its memory.
+        credits = asyncio.Semaphore(WRITE_WINDOW) if self.has_cap("write_credit") else None
+        if credits is not None:
+            self._write_credits[rid] = credits
         try:
-            await self._send(request_header(rid, "write", {"path": path, "user": user,
-                                                           "mode": mode,
-                                                           "metadata": metadata or None}))
+            await self._send(request_header(rid, "write", {
+                "path": path, "user": user, "mode": mode, "metadata": metadata or None,
+                "window": WRITE_WINDOW if credits is not None else None}))
             async for chunk in chunks:
                 for i in range(0, len(chunk), CHUNK_SIZE):
+                    if credits is not None:
+                        await self._write_credit(credits, fut)
                     if fut.done():
                         break
                     await self._send({"id": rid, "op": "chunk"}, chunk[i : i + CHUNK_SIZE])
@@ -755,9 +769,23 @@ class AgentClient:
             header = await asyncio.wait_for(fut, 120)
         finally:
             self._waiters.pop(rid, None)
+            self._write_credits.pop(rid, None)
         if "error" in header:
             raise agent_error(header["error"])
         return FileEntry.parse(header)
+
+    @staticmethod
+    async def _write_credit(credits: asyncio.Semaphore, answered: asyncio.Future) -> None:
+        """Waits until the agent has written enough to take one more chunk (or answered)."""
+        take = asyncio.ensure_future(credits.acquire())
+        try:
+            done, _ = await asyncio.wait({take, answered}, timeout=120,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not take.done():
+                take.cancel()
+        if not done:
+            raise GuestError("guest agent took no chunk of a file write in 120s")
 
     async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
                        ) -> list[FileEntry]:
