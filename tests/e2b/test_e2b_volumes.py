@@ -100,6 +100,12 @@ def test_mounted_volume_survives_pause_snapshot_restore_and_fork(server, keys, v
         sh(one, f"echo first > {MNT}/one.txt && mkdir -p {MNT}/sub")
         assert sh(one, f"stat -c %U {MNT}/one.txt").strip() == "user"  # the sandbox's user
         assert on_host(server, vol, "one.txt") == "first\n"
+        # the SDK's file calls (the agent's own file operations) work in the volume too
+        one.files.write(f"{MNT}/sub/sdk.txt", "through files.write")
+        assert one.files.read(f"{MNT}/sub/sdk.txt") == "through files.write"
+        assert on_host(server, vol, "sub/sdk.txt") == "through files.write"
+        assert {e.name for e in one.files.list(f"{MNT}/sub")} == {"sdk.txt"}
+        one.files.remove(f"{MNT}/sub/sdk.txt")
 
         two = Sandbox.create(volume_mounts={"/home/user/shared": vol.name}, timeout=600, **a)
         made.append(two)
