@@ -45,7 +45,11 @@ async def test_volume_records(api, tmp_path) -> None:
 
     # another tenant
     assert (await b.get("/volumes")).json() == []
-    assert (await b.get(f"/volumes/{vol['volumeID']}")).status_code == 404
+    theirs = await b.get(f"/volumes/{vol['volumeID']}")
+    missing = await b.get("/volumes/vol-000000000000")
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.text.replace(vol["volumeID"], "<id>") \
+        == missing.text.replace("vol-000000000000", "<id>")  # as a missing one
     assert (await b.delete(f"/volumes/{vol['volumeID']}")).status_code == 404
     assert (await b.post("/volumes", json={"name": "data"})).status_code == 201
 
