@@ -207,3 +207,30 @@ async def test_uploads_into_a_volume_do_not_wait_on_the_main_loop(linked,
     entry = await asyncio.wait_for(client.write(str(mounted / "up" / "big.bin"), chunks()), 120)
     assert entry.size == len(data)
     assert (server.root / "vol-a" / "up" / "big.bin").read_bytes() == data
+
+
+class _LosesFirst(VolumeServer):
+    """Never answers its first request (a host that went away with it unanswered)."""
+
+    lost = 0
+
+    async def handle(self, header: dict, payload: bytes) -> tuple[dict, bytes]:
+        if header.get("fop") == "read" and not self.lost:
+            self.lost += 1
+            await asyncio.Event().wait()
+        return await super().handle(header, payload)
+
+
+async def test_unanswered_requests_are_sent_again_to_a_new_session(linked, server) -> None:
+    """What a restore relies on: a request the old host never answered is sent again after
+    the next hello, and the guest's caller gets its answer."""
+    mounted, client = linked
+    (server.root / "vol-a" / "f").write_text("kept")
+    AgentClient.volumes = _LosesFirst(server.root, KEY)
+    reading = asyncio.ensure_future(asyncio.to_thread((mounted / "f").read_text))
+    while not AgentClient.volumes.lost:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert not reading.done()
+    await client._handshake(5.0, None)  # a new session, as after a restore
+    assert await asyncio.wait_for(reading, 30) == "kept"
