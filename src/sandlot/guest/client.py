@@ -815,5 +815,6 @@ class AgentClient:
     async def mount(self, path: str, token: str, user: str | None = None) -> None:
         """Mounts the volume `token` names at `path` (needs the `volumes` capability)."""
         if not self.has_cap("volumes"):
-            raise GuestError("this sandbox's guest agent has no volumes (an older template)")
+            raise InvalidArgumentError("this sandbox's guest agent predates volumes: rebuild "
+                                       "its template")
         await self._request("mount", path=path, token=token, user=user)
