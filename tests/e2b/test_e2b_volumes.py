@@ -14,9 +14,9 @@ import sys
 import pytest
 from e2b import (
     CommandExitException,
-    InvalidArgumentException,
     NotFoundException,
     Sandbox,
+    SandboxException,
     Volume,
 )
 from e2b.exceptions import VolumeException
@@ -77,17 +77,17 @@ def test_volume_records_and_tenancy(keys, vol):
     with pytest.raises(NotFoundException):
         Volume.get_info(vol.volume_id, **b)
     assert Volume.destroy(vol.volume_id, **b) is False
-    with pytest.raises(NotFoundException, match="not found"):
+    with pytest.raises(SandboxException, match="404: volume .* not found"):
         Sandbox.create(volume_mounts={MNT: vol.name}, **b)
     # the same name is free in another tenant
     theirs = Volume.create(vol.name, **b)
     assert theirs.volume_id != vol.volume_id
     assert Volume.destroy(theirs.volume_id, **b) is True
 
-    with pytest.raises(NotFoundException, match="not found"):
+    with pytest.raises(SandboxException, match="404: volume 'no-such-volume' not found"):
         Sandbox.create(volume_mounts={MNT: "no-such-volume"}, **a)
     for path in ("relative", "/", "/mnt/../etc", "/proc/x", "/usr"):
-        with pytest.raises(InvalidArgumentException):
+        with pytest.raises(SandboxException, match="400: .*(path|system path)"):
             Sandbox.create(volume_mounts={path: vol}, **a)
 
 
