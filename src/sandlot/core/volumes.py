@@ -3,8 +3,10 @@ made them, mounted into that tenant's sandboxes (runtime `mount_volume`; the mec
 docs/design.md, "Volumes").
 
 A volume's data lives on one host: a sandbox mounts it only there. Deleting a volume removes
-its files at once; sandboxes (and snapshots) that have it mounted keep the mount, whose
-operations fail (ESTALE) from then on, as E2B documents for a deleted volume.
+its files at once; sandboxes that have it mounted keep the mount, whose operations fail
+(ESTALE) from then on. A delete is not refused while the volume is mounted: a mount lives in
+guest memory, so paused sandboxes and snapshots hold it too, and no count of its holders
+would be right (E2B's documents do not say what a delete of a mounted volume does).
 """
 
 from __future__ import annotations
