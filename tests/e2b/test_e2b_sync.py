@@ -475,8 +475,8 @@ def test_unsupported_calls_say_what_instead(sbx):
     assert "base" not in str(ei.value)  # the server's templates are not listed
     with pytest.raises(NotFoundException):
         sbx.commands.connect(999999)
-    raw = httpx.get(f"{sbx.connection_config.api_url}/volumes",
-                    headers={"X-API-KEY": sbx.connection_config.api_key})
+    raw = httpx.get(f"{sbx.connection_config.api_url}/volumecontent/vol-x/dir",
+                    headers={"X-API-KEY": sbx.connection_config.api_key})  # volumes: served
     assert raw.status_code == 501 and set(raw.json()) == {"code", "message"}
 
 

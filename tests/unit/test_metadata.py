@@ -72,6 +72,19 @@ async def test_records_keys_and_names(store) -> None:
     assert await store.secret("e2b") == await store.secret("e2b")
 
 
+async def test_volumes(store) -> None:
+    await store.add_volume("vol-1", "a/data", "h-a", {"volume_id": "vol-1"}, 1.0)
+    with pytest.raises(NameTaken):
+        await store.add_volume("vol-2", "a/data", "h-a", {"volume_id": "vol-2"}, 2.0)
+    await store.add_volume("vol-3", "b/data", "h-b", {"volume_id": "vol-3"}, 3.0)
+    assert (await store.get_volume("vol-1")) == {"volume_id": "vol-1"}
+    assert (await store.get_volume("b/data")) == {"volume_id": "vol-3"}
+    assert await store.get_volume("vol-2") is None
+    assert [d["volume_id"] for d in await store.volumes()] == ["vol-1", "vol-3"]
+    assert await store.drop_volume("vol-1") and not await store.drop_volume("vol-1")
+    assert [d["volume_id"] for d in await store.volumes()] == ["vol-3"]
+
+
 async def test_a_silent_host_is_lost_with_its_running_sandboxes_once(store) -> None:
     for host in ("h-a", "h-b"):
         await store.heartbeat(host, f"http://{host}", "active", {"slots": 4})

@@ -194,6 +194,25 @@ def overrides_of(rec: SandboxRecord, timeout: int | None = None) -> SandboxOverr
         public_traffic=rec.public_traffic)
 
 
+class VolumeMount(BaseModel):
+    """A volume (by id or name) mounted in a new sandbox at `path`, its files `user`'s."""
+
+    model_config = ConfigDict(extra="forbid")
+    volume: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=2, max_length=1024)
+    user: str | None = Field(None, max_length=64)
+
+
+class VolumeInfo(BaseModel):
+    """A volume: a directory on the host that made it, mountable in that tenant's sandboxes."""
+
+    volume_id: str
+    name: str
+    owner: str | None = None
+    host: str = ""
+    created_at: datetime
+
+
 class CreateSandbox(SandboxOverrides):
     """A new sandbox from a template, a snapshot or an OCI image."""
 
@@ -202,6 +221,7 @@ class CreateSandbox(SandboxOverrides):
     image: str | None = Field(None, max_length=512, description=(
         "an OCI image reference (`python:3.12-slim`, `registry:5000/team/app@sha256:...`): "
         "pulled and made a template on first use (by digest), a restore after that"))
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16)
 
 
 class TerminalSize(BaseModel):

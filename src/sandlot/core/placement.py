@@ -72,7 +72,23 @@ class Placement:
         if not self._placing(placed):
             return await self.sandboxes.create(req, forked_from, who=who)
         hosts = await self.hosts.place(await self._need(req, who))
+        if req.volume_mounts:
+            hosts = await self._volumes_home(hosts, req, who)
         return await self._start_on(hosts, req, who, forked_from)
+
+    async def _volumes_home(self, hosts: list[HostInfo], req: CreateSandbox, who: Principal
+                            ) -> list[HostInfo]:
+        """A sandbox that mounts volumes starts on their host (their files live there)."""
+        homes = {(await self.sandboxes.volumes.get(m.volume, who)).host
+                 for m in req.volume_mounts}
+        if len(homes) > 1:
+            raise InvalidArgumentError("these volumes live on different hosts; a sandbox "
+                                       "mounts volumes of one host")
+        picked = [h for h in hosts if h.id in homes]
+        if not picked:
+            raise CapacityError(f"the host of these volumes ({homes.pop()}) cannot take the "
+                                f"sandbox now")
+        return picked
 
     async def resume(self, sandbox_id: str, timeout: int | None = None, reboot: bool = False,
                      *, who: Principal, placed: bool = False) -> SandboxRecord:

@@ -34,6 +34,7 @@ from sandlot.core.snapshots import SnapshotManager
 from sandlot.core.sources import Source
 from sandlot.core.templates import TemplateStore
 from sandlot.core.tenancy import NOBODY, SYSTEM, Principal, tenant_of
+from sandlot.core.volumes import Volumes
 from sandlot.errors import (
     CapacityError,
     InvalidArgumentError,
@@ -88,6 +89,7 @@ class SandboxManager:
         self.key_streams = KeyStreams(settings.limits.key_streams)
         self._starting: dict[str, int] = {}
         self._launching: set[str] = set()  # sandboxes whose VMs start here now
+        self.volumes = Volumes(db, runtime, host_id)
 
     # ---- records --------------------------------------------------------------------------
 
@@ -225,6 +227,7 @@ class SandboxManager:
         self.check_request(req)
         self.check_room()
         owner = who.tenant
+        mounts = await self.volumes.resolve(req.volume_mounts, who) if req.volume_mounts else []
         async with self._admitted(owner):
             source = await self.resolve_source(req, who)
             async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
@@ -234,9 +237,16 @@ class SandboxManager:
                 if vm is not None:  # a pooled VM, already given the record's identity
                     rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
                     rec.pid = vm.pid
-                    await self._register(LiveSandbox(rec, vm))
-                    return rec
-                await self._start(rec, source)
+                    live = LiveSandbox(rec, vm)
+                    await self._register(live)
+                else:
+                    live = await self._start(rec, source)
+            if mounts:
+                try:
+                    await self.volumes.mount(live.vm, mounts)
+                except BaseException:
+                    await self.teardown(live, SandboxState.FAILED)
+                    raise
         return rec
 
     def check_room(self, count: int = 1) -> None:

@@ -72,6 +72,7 @@ class Core:
         self.hosts = Hosts(settings, self.db, runtime, self.host_id,
                            running=lambda: len(self.sandboxes.live))
         self.hosts.on_back = self._remove_lost
+        self.volumes = self.sandboxes.volumes
         self.placement = Placement(self.hosts, self.sandboxes, self.snapshots, peers)
         self.usage = UsageSampler(runtime, lambda: self.sandboxes.live,
                                   interval=settings.metrics_interval)

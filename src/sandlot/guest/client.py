@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
@@ -34,10 +35,12 @@ from sandlot.errors import (
     SandlotError,
 )
 from sandlot.guest.protocol import EXIT_EVENT, PROTO_VERSION, request_header
+from sandlot.guest.volserve import VolumeServer
 from sandlot.guest.wire import CHUNK_SIZE, FrameDecoder, encode
 
 READ_WINDOW = 8  # chunks (1 MiB each) a file read may run ahead of its consumer
 OUTPUT_WINDOW = 32  # output events (at most 64 KiB each) a command may run ahead
+WRITE_WINDOW = 8  # chunks (1 MiB each) a file write may send ahead of the agent writing them
 OUTPUT_CREDIT_BATCH = 8  # consumed output events acknowledged in one credit frame
 # Why: what a stream's consumer has not taken yet stays in the server's memory. Past these
 # bounds the stream ends with an error instead of holding up the connection's other streams.
@@ -265,6 +268,10 @@ def _unread(fd: int) -> int:
 class AgentClient:
     """A session with the guest agent. Create with `await AgentClient.connect(path)`."""
 
+    # Serves the guest's volume mounts (`vreq` frames); the runtime sets it, once per process.
+    volumes: VolumeServer | None = None
+    MAX_VOLUME_CALLS = 64  # a guest's requests in flight; more are answered EBUSY
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
@@ -275,6 +282,8 @@ class AgentClient:
         self._flowing = asyncio.Event()  # cleared while a capture's pause holds writes back
         self._flowing.set()
         self._task: asyncio.Task | None = None
+        self._calls: set[asyncio.Task] = set()
+        self._write_credits: dict[int, asyncio.Semaphore] = {}  # writes' chunks in flight
         self._closed: BaseException | None = None
         self.state = LinkState.CONNECTING
         self.hello: Hello | None = None
@@ -407,6 +416,8 @@ class AgentClient:
     async def close(self) -> None:
         if self._task:
             self._task.cancel()
+        for call in list(self._calls):
+            call.cancel()
         self._writer.close()
         with contextlib.suppress(OSError, TimeoutError):
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
@@ -476,7 +487,15 @@ class AgentClient:
             self._fail(e)
 
     async def _dispatch(self, header: dict, payload: bytes) -> None:
+        if "vreq" in header:
+            self._volume_call(header, payload)
+            return
         rid = header.get("id")
+        if header.get("event") == "ack":
+            credits = self._write_credits.get(rid)
+            if credits is not None:
+                credits.release()
+            return
         inbox = self._streams.get(rid)
         if inbox is not None:
             inbox.put(header, payload)  # never waits: one slow stream holds up no other
@@ -484,6 +503,26 @@ class AgentClient:
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result(header)
+
+    def _volume_call(self, header: dict, payload: bytes) -> None:
+        """A guest's volume request: answered by its own task (a slow disk holds up no
+        other frame)."""
+        vreq = header["vreq"]
+        if not isinstance(vreq, int) or isinstance(vreq, bool):
+            return
+        server = AgentClient.volumes
+
+        async def answer() -> None:
+            if server is None or len(self._calls) > self.MAX_VOLUME_CALLS:
+                fields, data = {"errno": errno.EIO if server is None else errno.EBUSY}, b""
+            else:
+                fields, data = await server.handle(header, payload)
+            with contextlib.suppress(GuestError):
+                await self._send({**fields, "vreq": vreq}, data)
+
+        task = asyncio.create_task(answer())
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def _fail(self, exc: BaseException) -> None:
         if self._closed is None:
@@ -709,12 +748,19 @@ class AgentClient:
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
+        # Why a window: the agent writes in a goroutine of its own, and a slow file system
+        # (a volume: each write a round trip to this host) must not fill its memory.
+        credits = asyncio.Semaphore(WRITE_WINDOW) if self.has_cap("write_credit") else None
+        if credits is not None:
+            self._write_credits[rid] = credits
         try:
-            await self._send(request_header(rid, "write", {"path": path, "user": user,
-                                                           "mode": mode,
-                                                           "metadata": metadata or None}))
+            await self._send(request_header(rid, "write", {
+                "path": path, "user": user, "mode": mode, "metadata": metadata or None,
+                "window": WRITE_WINDOW if credits is not None else None}))
             async for chunk in chunks:
                 for i in range(0, len(chunk), CHUNK_SIZE):
+                    if credits is not None:
+                        await self._write_credit(credits, fut)
                     if fut.done():
                         break
                     await self._send({"id": rid, "op": "chunk"}, chunk[i : i + CHUNK_SIZE])
@@ -723,9 +769,23 @@ class AgentClient:
             header = await asyncio.wait_for(fut, 120)
         finally:
             self._waiters.pop(rid, None)
+            self._write_credits.pop(rid, None)
         if "error" in header:
             raise agent_error(header["error"])
         return FileEntry.parse(header)
+
+    @staticmethod
+    async def _write_credit(credits: asyncio.Semaphore, answered: asyncio.Future) -> None:
+        """Waits until the agent has written enough to take one more chunk (or answered)."""
+        take = asyncio.ensure_future(credits.acquire())
+        try:
+            done, _ = await asyncio.wait({take, answered}, timeout=120,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not take.done():
+                take.cancel()
+        if not done:
+            raise GuestError("guest agent took no chunk of a file write in 120s")
 
     async def list_dir(self, path: str, depth: int = 1, max_entries: int | None = None
                        ) -> list[FileEntry]:
@@ -751,3 +811,10 @@ class AgentClient:
 
     async def rename(self, src: str, dst: str) -> FileEntry:
         return FileEntry.parse(await self._request("rename", src=src, dst=dst))
+
+    async def mount(self, path: str, token: str, user: str | None = None) -> None:
+        """Mounts the volume `token` names at `path` (needs the `volumes` capability)."""
+        if not self.has_cap("volumes"):
+            raise InvalidArgumentError("this sandbox's guest agent predates volumes: rebuild "
+                                       "its template")
+        await self._request("mount", path=path, token=token, user=user)

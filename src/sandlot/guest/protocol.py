@@ -62,9 +62,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("ps", ("all",), ("processes",), doc="processes exec started (running ones unless all)"),
     Op("read", ("path", "window"), ("end",), ("begin", "data"),
        doc="streams a file; with window, at most that many data events ahead of credits"),
-    Op("write", ("path", "user", "mode", "eof", "metadata"), ENTRY_FIELDS, payload=True,
+    Op("write", ("path", "user", "mode", "eof", "metadata", "window"), ENTRY_FIELDS, ("ack",),
+       payload=True,
        doc="then chunk frames with payloads and an end frame; written to a temp file and "
-           "renamed into place; metadata: `user.e2b.<key>` xattrs of the new file"),
+           "renamed into place; metadata: `user.e2b.<key>` xattrs of the new file; with "
+           "window, an `ack` event per chunk written (the host sends at most window ahead)"),
     Op("list", ("path", "depth", "max_entries"), ("entries",),
        doc="entries under a directory; more than max_entries (or a reply over the frame "
            "limit) is an `invalid` error"),
@@ -73,6 +75,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("remove", ("path",), (), doc="a file, symlink or directory tree"),
     Op("mkdir", ("path", "user"), ("created", *ENTRY_FIELDS), doc="with parents"),
     Op("rename", ("src", "dst"), ENTRY_FIELDS),
+    Op("mount", ("path", "token", "user"), (),
+       doc="mounts a volume at path (FUSE; its requests come to the host as `vreq` frames): "
+           "token is the host's capability for it, its files appear owned by user"),
 )}
 
 # Events that end a stream: `exit` for processes; an answer with `ok` and no event for reads.

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sandlot.errors import InvalidStateError
 from sandlot.guest.client import (
     Configure,
     ExecEvent,
@@ -25,6 +26,7 @@ from sandlot.guest.client import (
     Started,
     TerminalSize,
 )
+from sandlot.guest.volserve import VolumeServer
 from sandlot.runtime.capacity import mem_available_mb
 from sandlot.vmm import hotplug
 from sandlot.vmm.cpu import HostCpu
@@ -141,6 +143,7 @@ class Guest(Protocol):
     async def remove(self, path: str) -> None: ...
     async def mkdir(self, path: str, user: str | None = None) -> tuple[bool, FileEntry]: ...
     async def rename(self, src: str, dst: str) -> FileEntry: ...
+    async def mount(self, path: str, token: str, user: str | None = None) -> None: ...
 
 
 class Vm(abc.ABC):
@@ -175,6 +178,29 @@ class Vm(abc.ABC):
 
 class Runtime(abc.ABC):
     """See the module docstring. Every VM a runtime hands out is killed by `kill`."""
+
+    # Volumes' directories on this host and the server of their guests' mounts (None: this
+    # runtime has no volumes).
+    volumes: VolumeServer | None = None
+
+    def _volume_server(self) -> VolumeServer:
+        if self.volumes is None:
+            raise InvalidStateError("this host has no volumes")
+        return self.volumes
+
+    async def create_volume(self, volume_id: str) -> None:
+        """An empty directory for a new volume."""
+        await asyncio.to_thread(self._volume_server().create, volume_id)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        """A volume's directory and files (its mounts answer ESTALE from then on)."""
+        await asyncio.to_thread(self._volume_server().delete, volume_id)
+
+    async def mount_volume(self, vm: Vm, volume_id: str, path: str, user: str | None) -> None:
+        """Mount a volume of this host in a running VM at `path`, its files `user`'s. The
+        mount lives in the guest: snapshots, forks and restores of the VM keep it."""
+        token = self._volume_server().token(volume_id)
+        await (await vm.guest()).mount(path, token, user)
 
     @abc.abstractmethod
     def check_loadable(self, machine: MachineDescription) -> None:

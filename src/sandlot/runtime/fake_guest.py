@@ -46,6 +46,7 @@ class GuestState:
                                                     "/home/user"})
     env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, dict[str, str]] = field(default_factory=dict)  # a file's user metadata
+    mounts: dict[str, str] = field(default_factory=dict)  # volume mounts: path -> token
 
 
 @dataclass
@@ -352,6 +353,9 @@ class FakeGuest:
     async def mkdir(self, path: str, user=None) -> tuple[bool, FileEntry]:
         self._check()
         return self._make_dirs(path), self._entry(path)
+
+    async def mount(self, path: str, token: str, user: str | None = None) -> None:
+        self.state.mounts[path] = token
 
     async def rename(self, src: str, dst: str) -> FileEntry:
         self._entry(src)

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 
 from sandlot.config import Settings
 from sandlot.errors import InvalidArgumentError, InvalidStateError
+from sandlot.guest.client import AgentClient
+from sandlot.guest.volserve import VolumeServer, host_key
 from sandlot.runtime.base import (
     Captured,
     Image,
@@ -69,6 +71,9 @@ class QemuRuntime(Runtime):
         self._new_id: Callable[[], str] | None = None  # core's, given with the images to pool
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
+        self.volumes = VolumeServer(settings.data_dir / "volumes",
+                                    host_key(settings.data_dir / "volume-key"))
+        AgentClient.volumes = self.volumes  # the guests' requests reach it (one per process)
 
     # ---- checks ---------------------------------------------------------------------------
 

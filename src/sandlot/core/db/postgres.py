@@ -80,6 +80,12 @@ MIGRATIONS: tuple[str, ...] = (
         build_id TEXT NOT NULL, seq INTEGER NOT NULL, doc TEXT NOT NULL,
         PRIMARY KEY (build_id, seq));
     """,
+    # volumes (names unique per tenant: "tenant/name")
+    """
+    CREATE TABLE volumes (
+        id TEXT PRIMARY KEY, name TEXT UNIQUE NOT NULL, host TEXT NOT NULL, doc TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL);
+    """,
 )
 
 
@@ -238,6 +244,30 @@ class PostgresStore:
     async def name_taken(self, name: str, except_id: str | None = None) -> bool:
         rows = await self._q("SELECT id FROM snapshots WHERE name = %s", (name,))
         return bool(rows) and rows[0][0] != except_id
+
+    # ---- volumes --------------------------------------------------------------------------
+
+    async def add_volume(self, volume_id: str, name: str, host: str, doc: dict,
+                         created_at: float) -> None:
+        try:
+            await self._q("INSERT INTO volumes VALUES (%s, %s, %s, %s, %s)",
+                          (volume_id, name, host, json.dumps(doc), created_at))
+        except psycopg.errors.UniqueViolation:
+            raise NameTaken(name) from None
+
+    async def get_volume(self, id_or_name: str) -> dict | None:
+        rows = await self._q("SELECT doc FROM volumes WHERE id = %s OR name = %s "
+                             "ORDER BY id = %s DESC LIMIT 1", (id_or_name, id_or_name, id_or_name))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def volumes(self) -> list[dict]:
+        return [json.loads(d) for (d,) in await self._q(
+            "SELECT doc FROM volumes ORDER BY created_at")]
+
+    async def drop_volume(self, volume_id: str) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("DELETE FROM volumes WHERE id = %s", (volume_id,))
+            return cur.rowcount > 0
 
     # ---- templates and their builds -------------------------------------------------------
 

@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS builds (
 CREATE TABLE IF NOT EXISTS build_logs (
     build_id TEXT NOT NULL, seq INTEGER NOT NULL, doc TEXT NOT NULL,
     PRIMARY KEY (build_id, seq));
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY, name TEXT UNIQUE NOT NULL, host TEXT NOT NULL, doc TEXT NOT NULL,
+    created_at REAL NOT NULL);
 """
 # columns added after the first release: (table, column, definition)
 ADDED_COLUMNS = (("sandboxes", "host", "TEXT NOT NULL DEFAULT ''"),
@@ -166,6 +169,29 @@ class SqliteStore:
     async def name_taken(self, name: str, except_id: str | None = None) -> bool:
         rows = self._q("SELECT id FROM snapshots WHERE name = ?", (name,))
         return bool(rows) and rows[0][0] != except_id
+
+    # ---- volumes --------------------------------------------------------------------------
+
+    async def add_volume(self, volume_id: str, name: str, host: str, doc: dict,
+                         created_at: float) -> None:
+        try:
+            self._q("INSERT INTO volumes VALUES (?, ?, ?, ?, ?)",
+                    (volume_id, name, host, json.dumps(doc), created_at))
+        except sqlite3.IntegrityError:
+            raise NameTaken(name) from None
+
+    async def get_volume(self, id_or_name: str) -> dict | None:
+        rows = self._q("SELECT doc FROM volumes WHERE id = ? OR name = ? "
+                       "ORDER BY id = ? DESC LIMIT 1", (id_or_name, id_or_name, id_or_name))
+        return json.loads(rows[0][0]) if rows else None
+
+    async def volumes(self) -> list[dict]:
+        return [json.loads(d) for (d,) in self._q("SELECT doc FROM volumes ORDER BY created_at")]
+
+    async def drop_volume(self, volume_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM volumes WHERE id = ?",
+                                    (volume_id,)).rowcount > 0
 
     # ---- templates and their builds -------------------------------------------------------
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandlot.core.models import (
     CreateSandbox,
@@ -23,6 +23,7 @@ from sandlot.core.models import (
     SandboxRecord,
     SandboxState,
     SnapshotState,
+    VolumeMount,
 )
 from sandlot.errors import (
     AuthenticationError,
@@ -153,9 +154,24 @@ def _check_create(body: NewSandbox) -> None:
         raise Unsupported("sandlot has no MCP gateway template")
     if body.iam and body.iam.get("tokens"):
         raise Unsupported("sandlot has no workload identity (iam) tokens")
-    if body.volume_mounts:
-        raise Unsupported("sandlot has no volumes; upload files with files.write() or start "
-                          "from a snapshot that has them")
+
+
+def _mounts(raw: list | None) -> list[VolumeMount]:
+    """E2B's volumeMounts ([{name, path}]) as core's, mounted for E2B's default user."""
+    mounts = []
+    for m in raw or []:
+        if not (isinstance(m, dict) and isinstance(m.get("name"), str)
+                and isinstance(m.get("path"), str)):
+            raise InvalidArgumentError("volumeMounts is a list of {name, path} strings")
+        try:
+            mounts.append(VolumeMount(volume=m["name"], path=m["path"],
+                                      user=convert.DEFAULT_USER))
+        except ValidationError:
+            raise InvalidArgumentError(f"bad volume mount {str(m)[:200]}: a volume name and "
+                                       f"an absolute path (like /mnt/data)") from None
+    if len(mounts) > 16:
+        raise InvalidArgumentError("at most 16 volume mounts")
+    return mounts
 
 
 def _created(st: E2BState, rec: SandboxRecord) -> dict:
@@ -184,7 +200,7 @@ async def create_sandbox(body: NewSandbox, request: Request) -> JSONResponse:
                         pause_memory=body.auto_pause_memory is not False,
                         auto_resume=bool(body.auto_resume and body.auto_resume.get("enabled")),
                         public_traffic=(body.network or {}).get("allowPublicTraffic")
-                        is not False)
+                        is not False, volume_mounts=_mounts(body.volume_mounts))
     rec = await c.placement.create(req, who(request), placed=forwarded(request.scope))
     return _answer(st, rec, 201)
 
@@ -509,13 +525,14 @@ UNSUPPORTED = (
                    "get_build_status, exists), tags (assign_tags, remove_tags, get_tags), "
                    "listings (GET /templates, /templates/{id}), updates (public) and "
                    "delete"),
-    ("/volumes", "sandlot has no volumes; write files with files.write() or create sandboxes "
-                 "from a snapshot that holds them"),
+    ("/volumecontent", "sandlot does not serve the volume content API; read and write a "
+                       "volume's files in a sandbox that mounts it (volume_mounts)"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
              "resume, fork, create_snapshot, list_snapshots, delete_snapshot, "
-             "update_network (allow_out/deny_out/dns_servers) and template builds")
+             "update_network (allow_out/deny_out/dns_servers), template builds and volumes "
+             "(create, connect, list, get_info, destroy, volume_mounts)")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

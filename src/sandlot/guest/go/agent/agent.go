@@ -37,6 +37,8 @@ type agent struct {
 	reads   map[int64]*credits
 
 	configureMu sync.Mutex
+
+	vol volCalls // guest -> host requests of mounted volumes
 }
 
 func newAgent(ch *channel) *agent {
@@ -49,7 +51,7 @@ func newAgent(ch *channel) *agent {
 		"stdin": a.opStdin, "kill": a.opKill, "ps": a.opPs, "read": a.opRead,
 		"write": a.opWrite, "list": a.opList, "stat": a.opStat, "exists": a.opExists,
 		"remove": a.opRemove, "mkdir": a.opMkdir, "rename": a.opRename,
-		"resize": a.opResize,
+		"resize": a.opResize, "mount": a.opMount,
 	}
 	return a
 }
@@ -57,6 +59,10 @@ func newAgent(ch *channel) *agent {
 // ---- dispatch ------------------------------------------------------------------------------
 
 func (a *agent) handle(h wire.Header, payload []byte) {
+	if h.Has("vreq") { // the host's answer to a volume's request
+		a.volAnswer(h, payload)
+		return
+	}
 	rid, ok := h.ID()
 	if !ok {
 		return

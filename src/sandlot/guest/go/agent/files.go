@@ -119,10 +119,22 @@ func (a *agent) opRead(rid int64, h wire.Header, _ []byte) (reply, error) {
 	return reply{"end": true}, nil
 }
 
-// upload is a `write` in progress: its chunks arrive as frames of their own.
+// upload is a `write` in progress: its chunks arrive as frames of their own. The main loop
+// hands them to the upload's goroutine, which does all its file system work: the main loop
+// never waits on a file system (a volume's FUSE requests are answered through it).
 type upload struct {
-	f        *os.File
-	tmp      string
+	frames chan uploadFrame
+	done   chan struct{} // closed when the goroutine has finished
+	cancel chan struct{} // closed when the session ended: drop the upload
+	window bool          // the host waits for an `ack` event per chunk written
+}
+
+type uploadFrame struct {
+	op      string // "chunk" or "end"
+	payload []byte
+}
+
+type uploadSpec struct {
 	path     string
 	owner    *[2]int
 	mode     *int64
@@ -134,117 +146,175 @@ func (a *agent) opWrite(rid int64, h wire.Header, payload []byte) (reply, error)
 	if err != nil {
 		return nil, err
 	}
-	if isDir(path) {
-		return nil, invalid("%s: is a directory", path)
-	}
+	// Only the user's name is resolved here (/etc/passwd): nothing that may be a volume.
 	owner, err := userIDs(h)
 	if err != nil {
 		return nil, err
 	}
-	var mode *int64
+	spec := uploadSpec{path: path, owner: owner}
 	if h.Has("mode") {
 		if _, ok := h.Raw("mode"); ok {
 			m, _, err := h.Int("mode")
 			if err != nil {
 				return nil, invalid("mode must be a number")
 			}
-			mode = &m
+			spec.mode = &m
 		}
 	}
-	var metadata [][2]string
 	if h.Truthy("metadata") {
 		if raw, _ := h.Raw("metadata"); raw[0] != '{' {
 			return nil, invalid("metadata must be an object of strings")
 		}
-		metadata = stringMap(h, "metadata")
+		spec.metadata = stringMap(h, "metadata")
 	}
-	if err := makeDirs(filepath.Dir(path), owner); err != nil {
-		return nil, err
-	}
-	tmp := path + ".sandlot-" + strconv.FormatInt(rid, 10) + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
-	if err != nil {
-		return nil, err
-	}
-	up := &upload{f: f, tmp: tmp, path: path, owner: owner, mode: mode, metadata: metadata}
-	if len(payload) > 0 {
-		if _, err := f.Write(payload); err != nil {
-			f.Close()
-			os.Remove(tmp)
-			return nil, err
-		}
-	}
+	window, _, _ := h.Int("window")
+	// Why 64: with `window` the host sends at most that many chunks ahead; an older host
+	// that does not fills it and then waits, as before uploads had goroutines.
+	up := &upload{frames: make(chan uploadFrame, 64), done: make(chan struct{}),
+		cancel: make(chan struct{}), window: window > 0}
 	a.uploadsMu.Lock()
 	a.uploads[rid] = up
 	a.uploadsMu.Unlock()
+	first := append([]byte(nil), payload...)
+	go a.runUpload(rid, up, spec, first)
 	if h.Truthy("eof") {
 		a.uploadFrame(rid, up, "end", nil)
 	}
 	return nil, nil
 }
 
+// uploadFrame queues a frame of an upload for its goroutine (waits while its queue is full,
+// unless the upload has ended).
 func (a *agent) uploadFrame(rid int64, up *upload, op string, payload []byte) {
-	err := func() error {
-		if op == "chunk" {
-			_, err := up.f.Write(payload)
-			return err
-		}
+	select {
+	case up.frames <- uploadFrame{op, payload}:
+	case <-up.done:
+	case <-up.cancel:
+	}
+}
+
+func (a *agent) runUpload(rid int64, up *upload, spec uploadSpec, first []byte) {
+	var f *os.File
+	tmp := spec.path + ".sandlot-" + strconv.FormatInt(rid, 10) + ".tmp"
+	finish := func() {
 		a.uploadsMu.Lock()
-		delete(a.uploads, rid)
+		if a.uploads[rid] == up {
+			delete(a.uploads, rid)
+		}
 		a.uploadsMu.Unlock()
-		if err := up.f.Close(); err != nil {
-			return err
+		close(up.done)
+	}
+	fail := func(err error) {
+		if f != nil {
+			f.Close()
+			os.Remove(tmp)
 		}
-		if up.mode != nil {
-			if err := syscall.Chmod(up.tmp, uint32(*up.mode)); err != nil {
-				return pathErr("chmod", up.tmp, err)
-			}
-		}
-		if up.owner != nil {
-			if err := os.Chown(up.tmp, up.owner[0], up.owner[1]); err != nil {
-				return err
-			}
-		}
-		// A new file each time: an overwrite replaces the whole metadata set.
-		if err := writeMetadata(up.tmp, up.metadata); err != nil {
-			return err
-		}
-		if err := syscall.Rename(up.tmp, up.path); err != nil {
-			return pathErr("rename", up.tmp, err)
-		}
-		e, err := entry(up.path)
-		if err != nil {
-			return err
-		}
-		e["id"] = rid
-		e["ok"] = true
-		a.ch.send(e, nil)
-		return nil
-	}()
-	if err != nil {
-		a.uploadsMu.Lock()
-		delete(a.uploads, rid)
-		a.uploadsMu.Unlock()
-		up.f.Close()
-		os.Remove(up.tmp)
+		finish()
 		var errno syscall.Errno
 		msg := err.Error()
 		if errors.As(err, &errno) {
 			msg = strerror(errno)
 		}
-		a.replyError(rid, "invalid", up.path+": "+msg)
+		a.replyError(rid, "invalid", spec.path+": "+msg)
+	}
+	if isDir(spec.path) {
+		finish()
+		a.replyError(rid, "invalid", spec.path+": is a directory")
+		return
+	}
+	if err := makeDirs(filepath.Dir(spec.path), spec.owner); err != nil {
+		finish()
+		kind, msg := errorKind(err)
+		a.replyError(rid, kind, msg)
+		return
+	}
+	var err error
+	f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
+	if err != nil {
+		finish()
+		kind, msg := errorKind(err)
+		a.replyError(rid, kind, msg)
+		return
+	}
+	if len(first) > 0 {
+		if _, err := f.Write(first); err != nil {
+			fail(err)
+			return
+		}
+	}
+	for {
+		var fr uploadFrame
+		select {
+		case fr = <-up.frames:
+		case <-up.cancel:
+			f.Close()
+			os.Remove(tmp)
+			finish()
+			return
+		}
+		if fr.op == "chunk" {
+			if _, err := f.Write(fr.payload); err != nil {
+				fail(err)
+				return
+			}
+			if up.window {
+				a.ch.send(map[string]any{"id": rid, "event": "ack"}, nil)
+			}
+			continue
+		}
+		// end
+		err := func() error {
+			if err := f.Close(); err != nil {
+				return err
+			}
+			if spec.mode != nil {
+				if err := syscall.Chmod(tmp, uint32(*spec.mode)); err != nil {
+					return pathErr("chmod", tmp, err)
+				}
+			}
+			if spec.owner != nil {
+				if err := os.Chown(tmp, spec.owner[0], spec.owner[1]); err != nil {
+					return err
+				}
+			}
+			// A new file each time: an overwrite replaces the whole metadata set.
+			if err := writeMetadata(tmp, spec.metadata); err != nil {
+				return err
+			}
+			if err := syscall.Rename(tmp, spec.path); err != nil {
+				return pathErr("rename", tmp, err)
+			}
+			return nil
+		}()
+		if err != nil {
+			f = nil // closed
+			os.Remove(tmp)
+			fail(err)
+			return
+		}
+		finish()
+		e, err := entry(spec.path)
+		if err != nil {
+			kind, msg := errorKind(err)
+			a.replyError(rid, kind, msg)
+			return
+		}
+		e["id"] = rid
+		e["ok"] = true
+		a.ch.send(e, nil)
+		return
 	}
 }
 
 // dropUploads forgets the uploads of a session that ended.
 func (a *agent) dropUploads() {
 	a.uploadsMu.Lock()
-	for rid, up := range a.uploads {
-		up.f.Close()
-		os.Remove(up.tmp)
-		delete(a.uploads, rid)
-	}
+	old := a.uploads
+	a.uploads = map[int64]*upload{}
 	a.uploadsMu.Unlock()
+	for _, up := range old {
+		close(up.cancel)
+	}
 }
 
 func (a *agent) opList(rid int64, h wire.Header, _ []byte) (reply, error) {

@@ -42,7 +42,7 @@ const (
 
 // caps is what the hello announces (docs/guest-protocol.md, "Capabilities").
 var caps = []string{"exec", "attach", "stdin", "files", "restore", "cpus", "step_clock",
-	"read_credit", "list_limit", "output_credit", "pty", "file_metadata", "grow_disk"}
+	"read_credit", "list_limit", "output_credit", "pty", "file_metadata", "grow_disk", "volumes", "write_credit"}
 
 func main() {
 	fd := flag.Int("fd", -1, "serve this connected descriptor instead of the virtio port, and "+

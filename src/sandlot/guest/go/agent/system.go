@@ -33,6 +33,7 @@ func (a *agent) opHello(rid int64, h wire.Header, _ []byte) (reply, error) {
 	for _, c := range old { // the reader of the old session is gone
 		c.give(-1)
 	}
+	a.volResend() // a new host: volumes' requests it never saw
 	var nonce any
 	if raw, ok := h["nonce"]; ok {
 		nonce = raw

@@ -1,0 +1,236 @@
+"""Volumes' two ends without a VM: the host's file server (guest/volserve.py) stays inside
+the volume's directory whatever a guest sends (`..`, absolute paths, symlinks someone put in
+the directory, forged tokens); and the real agent (the Go binary) mounts a volume with FUSE
+on this host and forwards file operations through the real host client to that server."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from guestkit import AgentProcess
+
+from sandlot.guest.client import AgentClient, LinkState
+from sandlot.guest.volserve import VolumeServer
+
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> VolumeServer:
+    (tmp_path / "vols" / "vol-a").mkdir(parents=True)
+    (tmp_path / "vols" / "vol-b").mkdir(parents=True)
+    (tmp_path / "vols" / "vol-b" / "secret").write_text("b's")
+    (tmp_path / "outside").write_text("host")
+    return VolumeServer(tmp_path / "vols", KEY)
+
+
+async def call(server: VolumeServer, fop: str, token: str, payload: bytes = b"",
+               **fields) -> tuple[dict, bytes]:
+    return await server.handle({"vreq": 1, "op": "vol", "fop": fop, "token": token,
+                                **fields}, payload)
+
+
+async def test_file_server_round_trip(server: VolumeServer) -> None:
+    tok = server.token("vol-a")
+    assert (await call(server, "mkdir", tok, path="d", mode=0o755))[0]["attr"]["mode"] & 0o777
+    ans, _ = await call(server, "create", tok, path="d/f", mode=0o644)
+    assert ans["attr"]["size"] == 0
+    assert (await call(server, "write", tok, b"hello", path="d/f", offset=0))[0] == {"size": 5}
+    assert (await call(server, "read", tok, path="d/f", offset=1, size=10))[1] == b"ello"
+    assert (await call(server, "list", tok, path="d"))[0]["entries"] == [
+        {"name": "f", "type": 8}]
+    await call(server, "rename", tok, path="d/f", to="g")
+    assert (await call(server, "setattr", tok, path="g", size=2))[0]["attr"]["size"] == 2
+    assert (server.root / "vol-a" / "g").read_bytes() == b"he"
+    assert (await call(server, "unlink", tok, path="g"))[0] == {}
+    assert (await call(server, "rmdir", tok, path="d"))[0] == {}
+
+
+@pytest.mark.parametrize("path", ["..", "../outside", "/etc/passwd", "a//b", "./x", "d/../..",
+                                  "x\0y", "../vol-b/secret"])
+async def test_paths_never_leave_the_volume(server: VolumeServer, path: str) -> None:
+    tok = server.token("vol-a")
+    for fop, extra in (("stat", {}), ("read", {"offset": 0, "size": 10}),
+                       ("create", {"mode": 0o644}), ("unlink", {})):
+        ans, data = await call(server, fop, tok, path=path, **extra)
+        assert ans.get("errno") in (errno.EINVAL, errno.ENOENT), (fop, path, ans)
+        assert data == b""
+    assert (server.root.parent / "outside").read_text() == "host"
+
+
+async def test_symlinks_in_the_directory_are_not_followed(server: VolumeServer) -> None:
+    vol = server.root / "vol-a"
+    os.symlink(server.root.parent / "outside", vol / "link")
+    os.symlink(server.root.parent, vol / "dirlink")
+    tok = server.token("vol-a")
+    assert (await call(server, "read", tok, path="link", offset=0, size=10))[0]["errno"] \
+        == errno.ELOOP
+    assert (await call(server, "write", tok, b"x", path="link", offset=0))[0]["errno"] \
+        == errno.ELOOP
+    assert (await call(server, "stat", tok, path="dirlink/outside"))[0]["errno"] == errno.ENOTDIR
+    assert (await call(server, "create", tok, path="dirlink/new"))[0]["errno"] == errno.ENOTDIR
+    assert (await call(server, "setattr", tok, path="link", mode=0o777))[0]["errno"] \
+        == errno.ELOOP
+    # the link itself is listed and can be removed, never what it points to
+    assert (await call(server, "unlink", tok, path="link"))[0] == {}
+    assert (server.root.parent / "outside").read_text() == "host"
+
+
+async def test_tokens_are_checked(server: VolumeServer) -> None:
+    good = server.token("vol-a")
+    forged = "vol-b." + good.partition(".")[2]
+    for tok in (forged, "vol-b", "", "../x.y", 5, VolumeServer(server.root, b"other").token(
+            "vol-b")):
+        ans, data = await call(server, "read", tok, path="secret", offset=0, size=10)
+        assert ans == {"errno": errno.EACCES} and data == b""
+    # a deleted volume: its mounts answer ESTALE
+    ans, _ = await call(server, "stat", server.token("gone"), path="")
+    assert ans == {"errno": errno.ESTALE}
+
+
+async def test_bad_requests_are_errors(server: VolumeServer) -> None:
+    tok = server.token("vol-a")
+    assert (await call(server, "nope", tok, path=""))[0] == {"errno": errno.ENOSYS}
+    assert (await call(server, "read", tok, path="", offset=-1, size=1))[0]["errno"] \
+        == errno.EINVAL
+    assert (await call(server, "read", tok, path="x", offset=0, size=1 << 30))[0]["errno"] \
+        == errno.EINVAL
+    assert (await call(server, "stat", tok, path=7))[0] == {"errno": errno.EINVAL}
+    assert (await call(server, "create", tok, path="f", mode="rwx"))[0] == {"errno": errno.EINVAL}
+    ans, _ = await call(server, "create", tok, path="f", mode=0o6755)
+    assert not ans["attr"]["mode"] & 0o6000  # no setuid files on the host
+
+
+def _fuse_usable() -> bool:
+    return os.geteuid() == 0 and Path("/dev/fuse").exists()
+
+
+@pytest.fixture
+async def linked(tmp_path: Path, server: VolumeServer
+                 ) -> AsyncIterator[tuple[Path, AgentClient]]:
+    """The agent run here, with the volume vol-a mounted under tmp_path, and its client."""
+    if not _fuse_usable():
+        pytest.skip("needs root and /dev/fuse")
+    agent = AgentProcess()
+    reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
+    client = AgentClient(reader, writer)
+    client._task = asyncio.create_task(client._read_loop())
+    await client._handshake(5.0, None)
+    client.state = LinkState.READY
+    old, AgentClient.volumes = AgentClient.volumes, server
+    mnt = tmp_path / "mnt"
+    try:
+        assert client.has_cap("volumes")
+        await client.mount(str(mnt), server.token("vol-a"))
+        yield mnt, client
+    finally:
+        await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mnt)], check=False)
+        AgentClient.volumes = old
+        await client.close()
+        agent.close()
+
+
+@pytest.fixture
+def mounted(linked) -> Path:
+    return linked[0]
+
+
+async def test_agent_mounts_a_volume_with_fuse(mounted: Path, server: VolumeServer) -> None:
+    vol = server.root / "vol-a"
+
+    def work() -> None:
+        (mounted / "dir" / "sub").mkdir(parents=True)
+        (mounted / "dir" / "sub" / "f.txt").write_text("from the guest")
+        big = os.urandom(3 << 20)
+        (mounted / "big").write_bytes(big)
+        assert (vol / "big").read_bytes() == big
+        assert (mounted / "big").read_bytes() == big
+        (vol / "host.txt").write_text("from the host")
+        assert (mounted / "host.txt").read_text() == "from the host"
+        assert sorted(p.name for p in mounted.iterdir()) == ["big", "dir", "host.txt"]
+        os.rename(mounted / "dir", mounted / "moved")
+        assert (mounted / "moved" / "sub" / "f.txt").read_text() == "from the guest"
+        with open(mounted / "moved" / "sub" / "f.txt", "a") as f:
+            f.write("!")
+        os.truncate(mounted / "big", 10)
+        assert (mounted / "big").stat().st_size == 10
+        os.unlink(mounted / "big")
+        with pytest.raises(FileNotFoundError):
+            (mounted / "nothere").read_text()
+        with pytest.raises(OSError):
+            os.symlink("/etc/passwd", mounted / "link")
+        os.statvfs(mounted)
+
+    await asyncio.to_thread(work)
+    assert (vol / "moved" / "sub" / "f.txt").read_text() == "from the guest!"
+    assert not (vol / "big").exists() and not (vol / "link").exists()
+
+
+async def test_mount_refuses_bad_paths(tmp_path: Path, server: VolumeServer) -> None:
+    if not _fuse_usable():
+        pytest.skip("needs root and /dev/fuse")
+    from sandlot.errors import InvalidArgumentError
+
+    agent = AgentProcess()
+    reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
+    client = AgentClient(reader, writer)
+    client._task = asyncio.create_task(client._read_loop())
+    try:
+        await client._handshake(5.0, None)
+        client.state = LinkState.READY
+        for bad in ("/", "relative", "/a/../b", ""):
+            with pytest.raises(InvalidArgumentError):
+                await client.mount(bad, server.token("vol-a"))
+    finally:
+        await client.close()
+        agent.close()
+
+
+async def test_uploads_into_a_volume_do_not_wait_on_the_main_loop(linked,
+                                                                  server: VolumeServer) -> None:
+    """The agent writes an upload in a goroutine of its own, with the host's window: an
+    upload into the volume (each of its writes a request the main loop must answer) ends."""
+    mounted, client = linked
+    assert client.has_cap("write_credit")
+    data = os.urandom(20 << 20)
+
+    async def chunks():
+        for i in range(0, len(data), 3 << 20):
+            yield data[i:i + (3 << 20)]
+
+    entry = await asyncio.wait_for(client.write(str(mounted / "up" / "big.bin"), chunks()), 120)
+    assert entry.size == len(data)
+    assert (server.root / "vol-a" / "up" / "big.bin").read_bytes() == data
+
+
+class _LosesFirst(VolumeServer):
+    """Never answers its first request (a host that went away with it unanswered)."""
+
+    lost = 0
+
+    async def handle(self, header: dict, payload: bytes) -> tuple[dict, bytes]:
+        if header.get("fop") == "read" and not self.lost:
+            self.lost += 1
+            await asyncio.Event().wait()
+        return await super().handle(header, payload)
+
+
+async def test_unanswered_requests_are_sent_again_to_a_new_session(linked, server) -> None:
+    """What a restore relies on: a request the old host never answered is sent again after
+    the next hello, and the guest's caller gets its answer."""
+    mounted, client = linked
+    (server.root / "vol-a" / "f").write_text("kept")
+    AgentClient.volumes = _LosesFirst(server.root, KEY)
+    reading = asyncio.ensure_future(asyncio.to_thread((mounted / "f").read_text))
+    while not AgentClient.volumes.lost:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert not reading.done()
+    await client._handshake(5.0, None)  # a new session, as after a restore
+    assert await asyncio.wait_for(reading, 30) == "kept"
