@@ -121,6 +121,7 @@ class Limits:
     list_entries: int = 5000  # entries one files.list answers
     egress_rules: int = 256  # allow_out plus deny_out entries
     disk_mb: int = 65536  # a sandbox's disk (its quota) a create may ask for, MiB
+    volume_mb: int = 10240  # the files of one volume (guest/volserve.py: EDQUOT past it), MiB
     # Per API key, over its sandboxes on one host (0: no limit of its own).
     key_sandboxes: int = 0  # sandboxes running or starting
     key_ports: int = 256  # ports exposed

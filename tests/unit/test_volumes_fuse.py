@@ -107,6 +107,47 @@ async def test_bad_requests_are_errors(server: VolumeServer) -> None:
     assert not ans["attr"]["mode"] & 0o6000  # no setuid files on the host
 
 
+async def test_a_volume_holds_at_most_its_bound(tmp_path: Path) -> None:
+    """Writes past SANDLOT_MAX_VOLUME_MB's bytes get EDQUOT; what a volume held before the
+    server started counts; an unlink, a truncate or a rename over a file gives room back."""
+    (tmp_path / "vols" / "v").mkdir(parents=True)
+    (tmp_path / "vols" / "v" / "old").write_bytes(os.urandom(256 << 10))  # there already
+    server = VolumeServer(tmp_path / "vols", KEY, max_bytes=1 << 20)
+    tok, chunk = server.token("v"), os.urandom(128 << 10)
+    await call(server, "create", tok, path="f", mode=0o644)
+    written = 0
+    while True:
+        ans, _ = await call(server, "write", tok, chunk, path="f", offset=written)
+        if "errno" in ans:
+            assert ans == {"errno": errno.EDQUOT}
+            break
+        written += ans["size"]
+        assert written <= 1 << 20
+    assert 512 << 10 <= written <= (1 << 20) - (256 << 10)  # the old file counted
+    assert (await call(server, "unlink", tok, path="old"))[0] == {}
+    assert "errno" not in (await call(server, "write", tok, chunk, path="f", offset=written))[0]
+    assert (await call(server, "setattr", tok, path="f", size=0))[0]["attr"]["size"] == 0
+    for i in range(6):  # room again for what the truncate freed
+        assert "errno" not in (await call(server, "write", tok, chunk, path="f",
+                                          offset=i * len(chunk)))[0]
+    await call(server, "create", tok, path="g", mode=0o644)
+    assert (await call(server, "rename", tok, path="g", to="f"))[0] == {}  # f's blocks freed
+    assert server.used("v", os.open(tmp_path / "vols" / "v", os.O_RDONLY)) < 64 << 10
+
+
+async def test_the_hosts_reserve_is_kept(server: VolumeServer) -> None:
+    """No write, create or mkdir takes the host's file system below its reserve: ENOSPC."""
+    fs = os.statvfs(server.root)
+    server.reserve_bytes = fs.f_bavail * fs.f_frsize + (1 << 30)  # more than is free
+    tok = server.token("vol-a")
+    for fop, fields in (("create", {"path": "f", "mode": 0o644}),
+                        ("mkdir", {"path": "d", "mode": 0o755})):
+        assert (await call(server, fop, tok, **fields))[0] == {"errno": errno.ENOSPC}
+    assert (await call(server, "write", tok, b"x", path="f", offset=0))[0] == {
+        "errno": errno.ENOSPC}
+    assert "attr" in (await call(server, "stat", tok, path=""))[0]  # the rest goes on
+
+
 def _fuse_usable() -> bool:
     return os.geteuid() == 0 and Path("/dev/fuse").exists()
 

@@ -7,6 +7,11 @@ any state here, and a guest cannot forge one for a volume it was not given. Path
 resolved one component at a time under the volume's directory with O_NOFOLLOW: `..`, empty
 components and symlinks (a guest cannot make one, but the directory may hold one) never lead
 out of it.
+
+A volume holds at most `max_bytes` (SANDLOT_MAX_VOLUME_MB: the blocks its files take, counted
+once per server from the directory and kept up to date by each write, truncate and unlink),
+and no request makes the host's file system go below `reserve_bytes` free
+(SANDLOT_RESERVE_DISK_MB) or out of inodes: past either, the guest gets EDQUOT or ENOSPC.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import re
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +36,12 @@ MAX_LIST = 4096  # entries per `list` answer (the kernel asks again from where i
 MAX_PATH = 4096
 _VOLUME_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MIN_FREE_INODES = 4096  # what a request leaves the host's file system
+_GROWING = frozenset({"write", "create", "mkdir", "setattr"})
+# what changes the blocks a volume takes: measured at the path (or a rename's target) before,
+# and after for those that leave something there
+_CHARGED = frozenset({"write", "setattr", "create", "mkdir", "unlink", "rmdir", "rename"})
+_CHARGED_AFTER = frozenset({"write", "setattr", "create", "mkdir"})
 
 
 class VolumeError(OSError):
@@ -57,9 +69,14 @@ def host_key(path: Path) -> bytes:
 class VolumeServer:
     """Volumes' directories under `root` (one per volume id), tokens signed with `key`."""
 
-    def __init__(self, root: Path, key: bytes) -> None:
+    def __init__(self, root: Path, key: bytes, max_bytes: int = 0,
+                 reserve_bytes: int = 0) -> None:
         self.root = root
         self._key = key
+        self.max_bytes = max_bytes  # per volume (0: no bound of its own)
+        self.reserve_bytes = reserve_bytes  # the host's file system keeps this much free
+        self._used: dict[str, int] = {}  # volume id -> bytes its files take (counted once)
+        self._used_lock = threading.Lock()
 
     # ---- volumes --------------------------------------------------------------------------
 
@@ -71,6 +88,34 @@ class VolumeServer:
     def delete(self, volume_id: str) -> None:
         self.token(volume_id)
         shutil.rmtree(self.root / volume_id, ignore_errors=True)
+        with self._used_lock:
+            self._used.pop(volume_id, None)
+
+    # ---- room -----------------------------------------------------------------------------
+
+    def used(self, volume_id: str, root_fd: int) -> int:
+        """The bytes volume `volume_id`'s files take on the host (its blocks), counted from
+        its directory the first time, then kept by `_charge`."""
+        with self._used_lock:
+            if volume_id in self._used:
+                return self._used[volume_id]
+        total = _blocks_under(root_fd)
+        with self._used_lock:
+            return self._used.setdefault(volume_id, total)
+
+    def _charge(self, volume_id: str, delta: int) -> None:
+        with self._used_lock:
+            if volume_id in self._used:
+                self._used[volume_id] = max(0, self._used[volume_id] + delta)
+
+    def _check_room(self, volume_id: str, root_fd: int, fop: str, growth: int) -> None:
+        """EDQUOT past the volume's bound, ENOSPC past the host's reserve or inodes."""
+        fs = os.statvfs(root_fd)
+        if fs.f_bavail * fs.f_frsize - growth < self.reserve_bytes or (
+                fop in ("create", "mkdir") and fs.f_files and fs.f_favail < MIN_FREE_INODES):
+            raise _fail(errno.ENOSPC)
+        if self.max_bytes and growth and self.used(volume_id, root_fd) + growth > self.max_bytes:
+            raise _fail(errno.EDQUOT)
 
     # ---- tokens ---------------------------------------------------------------------------
 
@@ -117,9 +162,28 @@ class VolumeServer:
         except FileNotFoundError:
             raise _fail(errno.ESTALE) from None  # the volume was deleted
         try:
-            return method(root_fd, path, h, payload)
+            if fop in _GROWING:
+                self._check_room(root.name, root_fd, fop, len(payload) if fop == "write" else 0)
+            if not self.max_bytes or fop not in _CHARGED:
+                return method(root_fd, path, h, payload)
+            self.used(root.name, root_fd)  # counted before the change, not after
+            target = h.get("to") if fop == "rename" else path
+            before = self._blocks_at(root_fd, target)
+            answer = method(root_fd, path, h, payload)
+            after = self._blocks_at(root_fd, path) if fop in _CHARGED_AFTER else 0
+            self._charge(root.name, after - before)
+            return answer
         finally:
             os.close(root_fd)
+
+    def _blocks_at(self, root_fd: int, path: object) -> int:
+        """The bytes the file or directory at `path` takes (0 if there is none)."""
+        if not isinstance(path, str) or not path:
+            return 0
+        try:
+            return self._stat(root_fd, path).st_blocks * 512
+        except (OSError, ValueError):
+            return 0
 
     # ---- path resolution ------------------------------------------------------------------
 
@@ -303,3 +367,12 @@ class VolumeServer:
         return {"blocks": s.f_blocks * scale, "bfree": s.f_bfree * scale,
                 "bavail": s.f_bavail * scale, "files": s.f_files, "ffree": s.f_ffree}, b""
 
+
+def _blocks_under(root_fd: int) -> int:
+    """The bytes the files and directories under `root_fd` take (symlinks not followed)."""
+    total = 0
+    for _, dirs, files, dfd in os.fwalk(".", dir_fd=root_fd):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                total += os.stat(name, dir_fd=dfd, follow_symlinks=False).st_blocks * 512
+    return total

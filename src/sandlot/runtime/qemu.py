@@ -72,7 +72,9 @@ class QemuRuntime(Runtime):
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
         self.volumes = VolumeServer(settings.data_dir / "volumes",
-                                    host_key(settings.data_dir / "volume-key"))
+                                    host_key(settings.data_dir / "volume-key"),
+                                    max_bytes=settings.limits.volume_mb << 20,
+                                    reserve_bytes=settings.reserve_disk_mb << 20)
         AgentClient.volumes = self.volumes  # the guests' requests reach it (one per process)
 
     # ---- checks ---------------------------------------------------------------------------
