@@ -204,36 +204,37 @@ func (a *agent) runUpload(rid int64, up *upload, spec uploadSpec, first []byte) 
 		a.uploadsMu.Unlock()
 		close(up.done)
 	}
+	// The error is answered before the upload is forgotten: until then the host's further
+	// chunks still find it (and are dropped); after, the main loop answers them "unknown op",
+	// which must not reach the host ahead of the reason.
+	refuse := func(kind, msg string) {
+		a.replyError(rid, kind, msg)
+		finish()
+	}
 	fail := func(err error) {
 		if f != nil {
 			f.Close()
 			os.Remove(tmp)
 		}
-		finish()
 		var errno syscall.Errno
 		msg := err.Error()
 		if errors.As(err, &errno) {
 			msg = strerror(errno)
 		}
-		a.replyError(rid, "invalid", spec.path+": "+msg)
+		refuse("invalid", spec.path+": "+msg)
 	}
 	if isDir(spec.path) {
-		finish()
-		a.replyError(rid, "invalid", spec.path+": is a directory")
+		refuse("invalid", spec.path+": is a directory")
 		return
 	}
 	if err := makeDirs(filepath.Dir(spec.path), spec.owner); err != nil {
-		finish()
-		kind, msg := errorKind(err)
-		a.replyError(rid, kind, msg)
+		refuse(errorKind(err))
 		return
 	}
 	var err error
 	f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
 	if err != nil {
-		finish()
-		kind, msg := errorKind(err)
-		a.replyError(rid, kind, msg)
+		refuse(errorKind(err))
 		return
 	}
 	if len(first) > 0 {
