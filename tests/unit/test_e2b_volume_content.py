@@ -8,7 +8,9 @@ refused."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import time
 
 import httpx
 import pytest
@@ -21,10 +23,13 @@ from e2b.exceptions import (
 )
 from fastkit import serving
 
+from sandlot.core.db import scoped_name
+from sandlot.core.hosts import Hosts
+from sandlot.core.models import VolumeInfo, now
 from sandlot.guest.volserve import VolumeServer
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
-from sandlot.testing import fake_settings, install_fake_template
+from sandlot.testing import fake_settings, in_process, install_fake_template
 
 
 @pytest.fixture
@@ -214,4 +219,68 @@ async def test_raw_answers(env) -> None:
         r = await c.put("/file", params={"path": "/x"}, content=b"abc")
         assert r.status_code == 201 and r.json()["size"] == 3
         r = await c.get("/file", params={"path": "/x"})
-        assert r.content == b"abc" and r.headers["content-length"] == "3"
+        assert r.status_code == 200 and r.content == b"abc"
+
+
+async def test_another_hosts_volume_is_forwarded_there(tmp_path, monkeypatch) -> None:
+    """In a deployment, a content call reaching a host that does not hold the volume is
+    relayed to the one that does; if that host is gone, a clear 409 names it."""
+    async with in_process(tmp_path) as srv:
+        core = srv.core
+        monkeypatch.setattr(Hosts, "shared", property(lambda self: True))
+        live = {"p1": "http://p1"}
+
+        async def url_of(host_id: str) -> str | None:
+            return live.get(host_id)
+
+        monkeypatch.setattr(core.hosts, "url_of", url_of)
+        relayed = []
+
+        async def relay(scope, receive, send, url, body=None, fallback=None) -> None:
+            relayed.append((url, scope["path"], scope["method"]))
+            data = json.dumps({"answered by": url}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": data})
+
+        monkeypatch.setattr(srv.app.state.peers, "relay", relay)
+        for vid, host in (("vol-0000000000a1", "p1"), ("vol-0000000000a2", "p9")):
+            info = VolumeInfo(volume_id=vid, name=vid, owner="test", host=host,
+                              created_at=now())
+            await core.db.add_volume(vid, scoped_name("test", vid) or "", host,
+                                     info.model_dump(mode="json"), time.time())
+        async with httpx.AsyncClient(transport=srv.async_transport(),
+                                     base_url=f"{srv.url}/e2b/volumecontent",
+                                     headers={"authorization": f"Bearer {srv.key}"}) as c:
+            r = await c.put("/vol-0000000000a1/file", params={"path": "/x"}, content=b"x")
+            assert r.json() == {"answered by": "http://p1"}
+            assert relayed == [("http://p1", "/e2b/volumecontent/vol-0000000000a1/file",
+                                "PUT")]
+            r = await c.get("/vol-0000000000a2/dir", params={"path": "/"})
+            assert r.status_code == 409 and "host p9" in r.json()["message"]
+
+
+
+async def test_a_cut_upload_puts_nothing_in_place(tmp_path) -> None:
+    """An upload whose body fails (its client went away) leaves the old file, and no part of
+    the new one, in the volume."""
+    runtime = FakeRuntime()
+    runtime.volumes = VolumeServer(tmp_path / "vols", b"k" * 32)
+    async with in_process(tmp_path, runtime=runtime) as srv:
+        who = await srv.core.authenticate(srv.key)
+        vol = await srv.core.volumes.create("data", who)
+        content = srv.core.volumes.content
+
+        async def body(parts: list[bytes], fail: bool):
+            for p in parts:
+                yield p
+            if fail:
+                raise ConnectionError("gone")
+
+        await content.write(vol.volume_id, "/f", body([b"old"], False), None, who)
+        with pytest.raises(ConnectionError):
+            await content.write(vol.volume_id, "/f", body([b"new", b"x" * (2 << 20)], True),
+                                None, who)
+        assert os.listdir(tmp_path / "vols" / vol.volume_id) == ["f"]
+        size, chunks = await content.read(vol.volume_id, "/f", who)
+        assert size == 3 and b"".join([c async for c in chunks]) == b"old"

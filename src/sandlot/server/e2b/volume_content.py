@@ -11,20 +11,21 @@ at the same ``/e2b`` (docs/e2b.md, "Volumes").
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
+from starlette.requests import ClientDisconnect
 
 from sandlot.core.tenancy import Principal
-from sandlot.errors import AuthenticationError
+from sandlot.errors import AuthenticationError, InvalidArgumentError
 from sandlot.server.auth import bearer_key
 from sandlot.server.deps import core
 from sandlot.server.e2b.api import PREFIX, Body, E2BRoute
 from sandlot.server.e2b.errors import Unsupported, WrongMethod
 from sandlot.server.e2b.state import e2b_state
-from sandlot.server.relay import request_body
 
 router = APIRouter(prefix=PREFIX + "/volumecontent/{volume_id}", route_class=E2BRoute,
                    include_in_schema=False)
@@ -99,9 +100,9 @@ async def remove(volume_id: str, path: str, request: Request) -> Response:
 @router.get("/file")
 async def read_file(volume_id: str, path: str, request: Request) -> Response:
     who = await _who(request, volume_id)
-    size, chunks = await core(request).volumes.content.read(volume_id, path, who)
-    return StreamingResponse(chunks, media_type="application/octet-stream",
-                             headers={"content-length": str(size)})
+    _size, chunks = await core(request).volumes.content.read(volume_id, path, who)
+    # to its end (chunked): the file may change while it is sent
+    return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 @router.put("/file")
@@ -110,9 +111,19 @@ async def write_file(volume_id: str, path: str, request: Request, uid: int | Non
                      force: bool = False) -> JSONResponse:
     # the body streams in (server/body.py: STREAMED); a file there is replaced, force or not
     who = await _who(request, volume_id)
-    e = await core(request).volumes.content.write(volume_id, path,
-                                                  request_body(request.receive), mode, who)
+    e = await core(request).volumes.content.write(volume_id, path, _body(request), mode, who)
     return JSONResponse(_entry(e), 201)
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    """The upload as it arrives; a client gone before its end fails it (nothing is put in
+    place), where a plain end of stream would put a cut file there."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise InvalidArgumentError("the client went away before the end of the file") \
+            from None
 
 
 METHODS = {"path": "GET, PATCH or DELETE", "dir": "GET or POST", "file": "GET or PUT"}
