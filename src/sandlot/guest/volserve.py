@@ -6,7 +6,8 @@ the token lives in guest memory, so snapshots, forks and restores keep their mou
 any state here, and a guest cannot forge one for a volume it was not given. Paths are
 resolved one component at a time under the volume's directory with O_NOFOLLOW: `..`, empty
 components and symlinks (a guest cannot make one, but the directory may hold one) never lead
-out of it.
+out of it. The E2B content API (core/volume_content.py) reads and writes volumes through the
+same walk, naming a volume by its id (`root_fd`, `entry`, `list_dir`, ..., `upload`).
 """
 
 from __future__ import annotations
@@ -303,13 +304,12 @@ class VolumeServer:
         return {"blocks": s.f_blocks * scale, "bfree": s.f_bfree * scale,
                 "bavail": s.f_bavail * scale, "files": s.f_files, "ffree": s.f_ffree}, b""
 
-
     # ---- the E2B content API (core/volume_content.py): the same confinement, by volume id ---
 
     @staticmethod
     def content_path(path: str) -> str:
-        """An E2B volume path (`/a/b`, relative to the volume's root; `a/b` too) as the
-        requests above name it (`a/b`, `` for the root). Refused (EINVAL): `..`, `.`, empty
+        """An E2B volume path (`/a/b`, from the volume's root; `a/b` too) as the requests
+        above name it (`a/b`; the root: an empty string). Refused (EINVAL): `..`, `.`, empty
         components, NUL, over MAX_PATH."""
         if not isinstance(path, str) or len(path) > MAX_PATH:
             raise _fail(errno.EINVAL)
