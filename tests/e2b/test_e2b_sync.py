@@ -475,9 +475,10 @@ def test_unsupported_calls_say_what_instead(sbx):
     assert "base" not in str(ei.value)  # the server's templates are not listed
     with pytest.raises(NotFoundException):
         sbx.commands.connect(999999)
-    raw = httpx.get(f"{sbx.connection_config.api_url}/volumecontent/vol-x/dir",
-                    headers={"X-API-KEY": sbx.connection_config.api_key})  # volumes: served
+    raw = httpx.get(f"{sbx.connection_config.api_url}/secrets",
+                    headers={"X-API-KEY": sbx.connection_config.api_key})  # not served
     assert raw.status_code == 501 and set(raw.json()) == {"code", "message"}
+    assert "secrets store" in raw.json()["message"]
 
 
 def test_other_template_by_name_and_pause_across_restart(tmp_path, monkeypatch):

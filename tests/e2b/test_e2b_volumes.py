@@ -148,3 +148,35 @@ def test_mounted_volume_survives_pause_snapshot_restore_and_fork(server, keys, v
     finally:
         for box in made:
             box.kill()
+
+
+def test_content_api_and_a_mounted_sandbox_see_the_same_files(server, keys):
+    """The volume content API (`vol.write_file`, `read_file`, `list`, ...; E2B_VOLUME_API_URL
+    or `api_url=` points it at sandlot) and a sandbox that mounts the volume share its files:
+    each reads what the other wrote."""
+    a = keys["a"]
+    va = {"api_url": a["api_url"]}  # what E2B_VOLUME_API_URL sets
+    vol = Volume.create("content-" + secrets.token_hex(3), **a)
+    try:
+        vol.write_file("/from-api/hello.txt", "written by the API\n", **va)
+        vol.write_file("/blob.bin", bytes(range(256)) * 1024, **va)
+        box = Sandbox.create(volume_mounts={MNT: vol}, timeout=600, **a)
+        try:
+            assert sh(box, f"cat {MNT}/from-api/hello.txt") == "written by the API\n"
+            assert sh(box, f"stat -c %s {MNT}/blob.bin").strip() == str(256 * 1024)
+            sh(box, f"mkdir -p {MNT}/from-box && echo made in the sandbox > "
+                    f"{MNT}/from-box/note.txt && rm {MNT}/from-api/hello.txt")
+            assert vol.read_file("/from-box/note.txt", **va) == "made in the sandbox\n"
+            assert {e.path for e in vol.list("/", depth=2, **va)} == {
+                "/from-api", "/from-box", "/from-box/note.txt", "/blob.bin"}
+            assert not vol.exists("/from-api/hello.txt", **va)
+            vol.remove("/from-box", **va)
+            assert sh(box, f"ls {MNT}") == "blob.bin\nfrom-api\n"
+        finally:
+            box.kill()
+        # another tenant's key, as the token: not found, as a missing volume
+        with pytest.raises(NotFoundException):
+            Volume(vol.volume_id, vol.name, token=keys["b"]["api_key"]).read_file(
+                "/blob.bin", **va)
+    finally:
+        Volume.destroy(vol.volume_id, **a)

@@ -21,9 +21,11 @@ import uvicorn
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from sandlot.guest.volserve import VolumeServer
 from sandlot.runtime.fake import FakeRuntime
 from sandlot.server.app import create_app
 from sandlot.server.e2b import api as e2b_api
+from sandlot.server.e2b import volume_content, volumes
 from sandlot.testing import fake_settings, install_fake_template, loopback_socket
 
 ST = Path(sys.executable).with_name("schemathesis")
@@ -33,7 +35,8 @@ EXAMPLES = 8
 def e2b_openapi() -> dict:
     """An OpenAPI document of the E2B control-plane routes as sandlot serves them."""
     routes = []
-    for route in e2b_api.router.routes:
+    for route in [*e2b_api.router.routes, *volumes.router.routes,
+                  *volume_content.router.routes]:
         if isinstance(route, APIRoute) and "{rest" not in route.path:
             shown = copy.copy(route)
             shown.include_in_schema = True
@@ -58,6 +61,7 @@ def http_server(tmp_path):
     """The app on the fake runtime behind uvicorn on a loopback port, in a thread."""
     key = "sl_fuzz_key"
     runtime = FakeRuntime()
+    runtime.volumes = VolumeServer(tmp_path / "srv" / "volumes", b"k" * 32)
     settings = fake_settings(tmp_path / "srv", api_key=key,  # an admin key the server adds
                              registries="registry.invalid")  # no pull reaches the network
     install_fake_template(settings, runtime)
@@ -137,8 +141,10 @@ def test_schemathesis_finds_no_server_error(http_server, tmp_path) -> None:
     snap = httpx.post(f"{url}/v1/sandboxes/{sandbox_id}/snapshots", json={}, headers=auth)
     params = {"path.sandbox_id": sandbox_id, "path.id_or_name": snap.json()["snapshot_id"]}
     live = run(f"{url}/openapi.json", url, key, tmp_path / "rest-live", params, 4)
+    volume = httpx.post(f"{url}/e2b/volumes", json={"name": "fuzz"}, headers=auth)
     live += run(str(tmp_path / "e2b.json"), url, key, tmp_path / "e2b-live",
-                {"path.sandbox_id": sandbox_id}, 4)
+                {"path.sandbox_id": sandbox_id, "path.volume_id": volume.json()["volumeID"]},
+                4)
     answers = rest + e2b + live
     assert 0 not in {e["response"]["status"] for e in answers}  # a dropped connection
     assert not server_errors(answers), "\n".join(server_errors(answers))

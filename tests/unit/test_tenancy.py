@@ -40,6 +40,10 @@ UNSCOPED = {
     # volumes, another tenant's answered as missing: tests/unit/test_e2b_volumes_api.py
     ("POST", "/e2b/volumes"), ("GET", "/e2b/volumes"), ("GET", "/e2b/volumes/{volume_id}"),
     ("DELETE", "/e2b/volumes/{volume_id}"),
+    # a volume's files, another tenant's answered as missing: test_e2b_volume_content.py
+    *((m, "/e2b/volumecontent/{volume_id}/" + p) for m, p in (
+        ("GET", "path"), ("PATCH", "path"), ("DELETE", "path"), ("GET", "dir"),
+        ("POST", "dir"), ("GET", "file"), ("PUT", "file"))),
 }
 # A body each route with an object accepts, so the answer is about the object, not the body.
 BODIES = {

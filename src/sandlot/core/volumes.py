@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 
 from sandlot.core.db import MetadataStore, NameTaken, scoped_name
 from sandlot.core.models import VolumeInfo, VolumeMount
-from sandlot.core.tenancy import Principal
+from sandlot.core.tenancy import NOBODY, Principal, tenant_of
+from sandlot.core.volume_content import VolumeContent
 from sandlot.errors import ConflictError, InvalidArgumentError, NotFoundError
 from sandlot.runtime.base import Runtime, Vm
 
@@ -47,6 +48,7 @@ class Volumes:
         self.db = db
         self.runtime = runtime
         self.host_id = host_id
+        self.content = VolumeContent(self)  # its files, from outside any sandbox
 
     @staticmethod
     def _info(doc: dict) -> VolumeInfo:
@@ -79,6 +81,17 @@ class Volumes:
         if doc is None or not who.sees(doc.get("owner")):
             raise NotFoundError(f"volume {id_or_name[:100]!r} not found")
         return self._info(doc)
+
+    async def locate(self, volume_id: str) -> str | None:
+        """The host of a volume, for routing a request about it there (whose answer checks
+        who asks); None if there is no such volume."""
+        doc = await self.db.get_volume(volume_id) if VOLUME_ID_RE.match(volume_id) else None
+        return doc.get("host") if doc else None
+
+    async def holder_of(self, volume_id: str) -> Principal:
+        """Who a credential of one volume (its E2B token) acts for: its tenant."""
+        doc = await self.db.get_volume(volume_id) if VOLUME_ID_RE.match(volume_id) else None
+        return tenant_of(doc.get("owner")) if doc else NOBODY
 
     async def list(self, who: Principal) -> list[VolumeInfo]:
         return [self._info(d) for d in await self.db.volumes() if who.sees(d.get("owner"))]

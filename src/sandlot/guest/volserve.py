@@ -6,12 +6,14 @@ the token lives in guest memory, so snapshots, forks and restores keep their mou
 any state here, and a guest cannot forge one for a volume it was not given. Paths are
 resolved one component at a time under the volume's directory with O_NOFOLLOW: `..`, empty
 components and symlinks (a guest cannot make one, but the directory may hold one) never lead
-out of it.
+out of it. The E2B content API (core/volume_content.py) reads and writes volumes through the
+same walk, naming a volume by its id (`root_fd`, `entry`, `list_dir`, ..., `upload`).
 
 A volume holds at most `max_bytes` (SANDLOT_MAX_VOLUME_MB: the blocks its files take, counted
-once per server from the directory and kept up to date by each write, truncate and unlink),
-and no request makes the host's file system go below `reserve_bytes` free
-(SANDLOT_RESERVE_DISK_MB) or out of inodes: past either, the guest gets EDQUOT or ENOSPC.
+once per server from the directory and kept up to date by each write, truncate and unlink;
+counted again after a content API change), and no request makes the host's file system go
+below `reserve_bytes` free (SANDLOT_RESERVE_DISK_MB) or out of inodes: past either, the guest
+gets EDQUOT or ENOSPC, the content API 507.
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ class VolumeServer:
         total = _blocks_under(root_fd)
         with self._used_lock:
             return self._used.setdefault(volume_id, total)
+
+    def forget_usage(self, volume_id: str) -> None:
+        """Count the volume's blocks again at its next growing request (after a change made
+        outside the requests that keep the count: the content API's removes and mkdirs)."""
+        with self._used_lock:
+            self._used.pop(volume_id, None)
 
     def _charge(self, volume_id: str, delta: int) -> None:
         with self._used_lock:
@@ -367,6 +375,207 @@ class VolumeServer:
         return {"blocks": s.f_blocks * scale, "bfree": s.f_bfree * scale,
                 "bavail": s.f_bavail * scale, "files": s.f_files, "ffree": s.f_ffree}, b""
 
+    # ---- the E2B content API (core/volume_content.py): the same confinement, by volume id ---
+
+    @staticmethod
+    def content_path(path: str) -> str:
+        """An E2B volume path (`/a/b`, from the volume's root; `a/b` too) as the requests
+        above name it (`a/b`; the root: an empty string). Refused (EINVAL): `..`, `.`, empty
+        components, NUL, over MAX_PATH."""
+        if not isinstance(path, str) or len(path) > MAX_PATH:
+            raise _fail(errno.EINVAL)
+        rel = path.strip("/")
+        VolumeServer._parts(rel)
+        return rel
+
+    @contextlib.contextmanager
+    def root_fd(self, volume_id: str) -> Iterator[int]:
+        """The volume's directory, opened (ESTALE: it is not on this host)."""
+        self.token(volume_id)  # checks the id
+        try:
+            fd = os.open(self.root / volume_id, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise _fail(errno.ESTALE) from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def entry(self, root_fd: int, rel: str) -> dict:
+        """E2B's VolumeEntryStat of `rel` (a symlink: its own, with its text as `target`)."""
+        st = self._stat(root_fd, rel)
+        kind = {stat.S_IFDIR: "directory", stat.S_IFREG: "file",
+                stat.S_IFLNK: "symlink"}.get(stat.S_IFMT(st.st_mode), "unknown")
+        out = {"name": rel.rsplit("/", 1)[-1], "type": kind, "path": "/" + rel,
+               "size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
+               "gid": st.st_gid, "atime": st.st_atime_ns, "mtime": st.st_mtime_ns,
+               "ctime": st.st_ctime_ns}
+        if kind == "symlink":
+            with self._parent(root_fd, rel) as (dfd, name):
+                out["target"] = os.readlink(name, dir_fd=dfd)
+        return out
+
+    def list_dir(self, root_fd: int, rel: str, depth: int, limit: int) -> list[dict]:
+        """The entries under directory `rel`, `depth` levels down (at most `limit`: E2BIG)."""
+        out: list[dict] = []
+        level = [rel]
+        for _ in range(depth):
+            below = []
+            for d in level:
+                fd = self._open(root_fd, d, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                        raise _fail(errno.ENOTDIR)
+                    with os.scandir(fd) as it:
+                        names = sorted(e.name for e in it)
+                finally:
+                    os.close(fd)
+                for name in names:
+                    child = f"{d}/{name}" if d else name
+                    try:
+                        e = self.entry(root_fd, child)
+                    except FileNotFoundError:
+                        continue
+                    out.append(e)
+                    if len(out) > limit:
+                        raise _fail(errno.E2BIG)
+                    if e["type"] == "directory":
+                        below.append(child)
+            level = below
+        return out
+
+    def make_dir(self, root_fd: int, rel: str, mode: int, parents: bool) -> dict:
+        """A new directory (`parents`: and its missing parents; one there already is fine)."""
+        if not rel:
+            raise _fail(errno.EEXIST)
+        parts = rel.split("/")
+        if parents:
+            for i in range(1, len(parts) + 1):
+                sub = "/".join(parts[:i])
+                with self._parent(root_fd, sub) as (dfd, name):
+                    try:
+                        os.mkdir(name, self._mode({"mode": mode}), dir_fd=dfd)
+                    except FileExistsError:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                        if not stat.S_ISDIR(st.st_mode):  # a file, or a symlink: not followed
+                            raise _fail(errno.EEXIST if i == len(parts)
+                                        else errno.ENOTDIR) from None
+        else:
+            with self._parent(root_fd, rel) as (dfd, name):
+                os.mkdir(name, self._mode({"mode": mode}), dir_fd=dfd)
+        return self.entry(root_fd, rel)
+
+    def remove(self, root_fd: int, rel: str) -> None:
+        """Remove a file, a symlink (not what it names) or a directory with all it holds."""
+        with self._parent(root_fd, rel) as (dfd, name):
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=dfd)  # fd-based: never follows a symlink out
+            else:
+                os.unlink(name, dir_fd=dfd)
+
+    def chmod(self, root_fd: int, rel: str, mode: int) -> dict:
+        fd = self._open(root_fd, rel, os.O_RDONLY)
+        try:
+            os.fchmod(fd, self._mode({"mode": mode}))
+        finally:
+            os.close(fd)
+        return self.entry(root_fd, rel)
+
+    def open_read(self, volume_id: str, rel: str) -> int:
+        """A regular file of the volume, open for reading (EISDIR for a directory)."""
+        with self.root_fd(volume_id) as root_fd:
+            fd = self._open(root_fd, rel, os.O_RDONLY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _fail(errno.EISDIR)
+        os.set_blocking(fd, True)
+        return fd
+
+    def upload(self, volume_id: str, rel: str, mode: int) -> Upload:
+        """A file to write whole, put at `rel` by `Upload.finish` (missing parents made; a
+        file there is replaced only once the body is all in)."""
+        with self.root_fd(volume_id) as root_fd:
+            parts = self._parts(rel)
+            if not parts:
+                raise _fail(errno.EISDIR)
+            if len(parts) > 1:
+                try:
+                    self.make_dir(root_fd, "/".join(parts[:-1]), 0o755, parents=True)
+                except OSError as e:
+                    if e.errno == errno.EEXIST:  # the parent is a file or a symlink
+                        raise _fail(errno.ENOTDIR) from None
+                    raise
+            with self._parent(root_fd, rel) as (dfd, name):
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        raise _fail(errno.EISDIR)
+                tmp = f".{name[:200]}.upload-{secrets.token_hex(6)}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, self._mode({"mode": mode}), dir_fd=dfd)
+                return Upload(self, volume_id, os.dup(root_fd), os.dup(dfd), fd, tmp, name, rel)
+
+
+class Upload:
+    """A file being written into a volume under a temporary name (`VolumeServer.upload`)."""
+
+    def __init__(self, server: VolumeServer, volume_id: str, root_fd: int, dir_fd: int,
+                 fd: int, tmp: str, name: str, rel: str) -> None:
+        self.server, self.volume_id = server, volume_id
+        self.root_fd, self.dir_fd, self.fd = root_fd, dir_fd, fd
+        self.tmp, self.name, self.rel = tmp, name, rel
+
+    def write(self, data: bytes) -> None:
+        """Append `data` (EDQUOT past the volume's bound, ENOSPC past the host's reserve)."""
+        self.server._check_room(self.volume_id, self.root_fd, "write", len(data))
+        before = os.fstat(self.fd).st_blocks
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        finally:
+            self._charge(os.fstat(self.fd).st_blocks - before)
+
+    def _charge(self, blocks: int) -> None:
+        self.server.used(self.volume_id, self.root_fd)
+        self.server._charge(self.volume_id, blocks * 512)
+
+    def _blocks(self, name: str) -> int:
+        try:
+            return os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False).st_blocks
+        except OSError:
+            return 0
+
+    def finish(self) -> dict:
+        """Put the file in place (the one it replaces gives its room back); its entry."""
+        try:
+            os.close(self.fd)
+            self.fd = -1
+            replaced = self._blocks(self.name)
+            os.rename(self.tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            self._charge(-replaced)
+            return self.server.entry(self.root_fd, self.rel)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._close()
+
+    def abort(self) -> None:
+        if self.dir_fd >= 0:
+            written = self._blocks(self.tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp, dir_fd=self.dir_fd)
+                self._charge(-written)
+        self._close()
+
+    def _close(self) -> None:
+        for attr in ("fd", "dir_fd", "root_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, attr, -1)
 
 def _blocks_under(root_fd: int) -> int:
     """The bytes the files and directories under `root_fd` take (symlinks not followed)."""

@@ -188,6 +188,10 @@ class Runtime(abc.ABC):
             raise InvalidStateError("this host has no volumes")
         return self.volumes
 
+    def volume_files(self) -> VolumeServer:
+        """The volumes' files on this host (blocking calls: run them in a thread)."""
+        return self._volume_server()
+
     async def create_volume(self, volume_id: str) -> None:
         """An empty directory for a new volume."""
         await asyncio.to_thread(self._volume_server().create, volume_id)

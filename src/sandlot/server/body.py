@@ -25,6 +25,7 @@ from sandlot.errors import PayloadTooLargeError
 STREAMED = (
     ("PUT", re.compile(r"^/v1/sandboxes/[^/]+/files$")),
     ("POST", re.compile(r"^(/e2b/envd)?/files$")),
+    ("PUT", re.compile(r"^/e2b/volumecontent/[^/]+/file$")),
 )
 
 

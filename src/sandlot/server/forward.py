@@ -1,9 +1,10 @@
 """One API over every host: requests about a sandbox another host runs are forwarded to it.
 
 `ForwardToOwner` (ASGI middleware) finds the sandbox a request is about (its path, or the
-``E2b-Sandbox-Id`` header of envd calls), asks the metadata store which host runs it, and
-when that is another live host streams the request there and its answer back, bodies and
-NDJSON/Connect streams included, unbuffered. A forwarded request carries
+``E2b-Sandbox-Id`` header of envd calls; or the volume of an E2B volume content call), asks
+the metadata store which host runs it, and when that is another live host streams the
+request there and its answer back, bodies and NDJSON/Connect streams included, unbuffered.
+A forwarded request carries
 ``X-Sandlot-Forwarded`` and is always served where it arrives, so nothing loops. `forward`
 does the same for a request a route decided to place on another host (creates, restores).
 Authentication is the owner's: keys live in the shared database.
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 PEER_SECRET = "peer-token"  # the name of the peer token (FORWARDED) in the database
 SANDBOX_PATH = re.compile(r"^/(?:v1|e2b|e2b/v2)/sandboxes/(sb-[A-Za-z0-9_-]+)(?:/|$)")
 ENVD_PATH = "/e2b/envd/"
+VOLUME_PATH = re.compile(r"^/e2b/volumecontent/(vol-[0-9a-f]+)/")
 SIGNED_FILE_PATHS = ("/files", "/e2b/envd/files")
 
 
@@ -165,6 +167,15 @@ class ForwardToOwner:
         core = self.get_core() if scope["type"] == "http" or websocket else None
         if core is None or not core.hosts.shared or forwarded(scope):
             await self.app(scope, receive, send)
+            return
+        volume = VOLUME_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if volume is not None:  # a volume's files: served by the host that holds them
+            host = await core.volumes.locate(volume.group(1))
+            url = await core.hosts.url_of(host) if host else None
+            if url is not None:
+                await scope["app"].state.peers.relay(scope, receive, send, url)
+            else:
+                await self.app(scope, receive, send)
             return
         sandbox_id = sandbox_of(scope)
         if sandbox_id is None and _signed_file_url(scope):

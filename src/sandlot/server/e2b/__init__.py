@@ -9,7 +9,8 @@ Point the SDK at it with::
 Modules: `api` (REST routes), `envd` (in-sandbox routing and auth), `process` and
 `filesystem` (the Connect services), `files` (/files, /health), `connect` (framing),
 `convert` (shapes, users, paths), `templates` (template builds), `lifecycle`
-(pause/resume as snapshots), `volumes` (volume records), `errors` (every error shape,
+(pause/resume as snapshots), `volumes` (volume records), `volume_content`
+(a volume's files), `errors` (every error shape,
 in one place). See docs/e2b.md.
 """
 
@@ -20,6 +21,7 @@ from sandlot.server.e2b.envd import router as envd_router
 from sandlot.server.e2b.envd import signed_router
 from sandlot.server.e2b.templates import router as templates_router
 from sandlot.server.e2b.templates import upload_router
+from sandlot.server.e2b.volume_content import router as volume_content_router
 from sandlot.server.e2b.volumes import router as volumes_router
 
 router = APIRouter()
@@ -27,6 +29,7 @@ router.include_router(envd_router)  # first: the API's catch-all would shadow /e
 router.include_router(templates_router)  # before the API's catch-all
 router.include_router(upload_router)
 router.include_router(volumes_router)  # before the API's catch-all
+router.include_router(volume_content_router)  # before the API's catch-all
 router.include_router(api_router)
 router.include_router(signed_router)  # /files at the root: download_url(), upload_url()
 

@@ -525,14 +525,13 @@ UNSUPPORTED = (
                    "get_build_status, exists), tags (assign_tags, remove_tags, get_tags), "
                    "listings (GET /templates, /templates/{id}), updates (public) and "
                    "delete"),
-    ("/volumecontent", "sandlot does not serve the volume content API; read and write a "
-                       "volume's files in a sandbox that mounts it (volume_mounts)"),
     ("/secrets", "sandlot has no secrets store; pass envs to Sandbox.create()"),
 )
 SUPPORTED = ("sandlot serves: create, connect, list, get_info, set_timeout, kill, pause, "
              "resume, fork, create_snapshot, list_snapshots, delete_snapshot, "
              "update_network (allow_out/deny_out/dns_servers), template builds and volumes "
-             "(create, connect, list, get_info, destroy, volume_mounts)")
+             "(create, connect, list, get_info, destroy, volume_mounts, and their files: "
+             "/volumecontent)")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

@@ -50,6 +50,15 @@ class AccessTokens:
     def check(self, sandbox_id: str, token: str) -> bool:
         return hmac.compare_digest(self.token(sandbox_id), token)
 
+    def volume(self, volume_id: str) -> str:
+        """A volume's token for E2B's content API (server/e2b/volume_content.py): another
+        HMAC under the same key, apart from every sandbox's."""
+        return hmac.new(self._key, b"volume:" + volume_id.encode(),
+                        hashlib.sha256).hexdigest()[:40]
+
+    def check_volume(self, volume_id: str, token: str) -> bool:
+        return hmac.compare_digest(self.volume(volume_id), token)
+
     def traffic(self, sandbox_id: str) -> str:
         """The sandbox's traffic access token (its port URLs, server/ports.py): another
         HMAC under the same key, so neither token gives away the other."""

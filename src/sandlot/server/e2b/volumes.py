@@ -1,7 +1,6 @@
 """E2B volumes (`Volume.create`, `connect`, `list`, `get_info`, `destroy`): core's volume
-records of the key's tenant. A sandbox mounts them with `volume_mounts` (api.py). The volume
-content API (`/volumecontent/...`, `Volume.list`/`read_file`/... of an instance) is not
-served: read and write a volume's files from a sandbox that mounts it (docs/e2b.md)."""
+records of the key's tenant. A sandbox mounts them with `volume_mounts` (api.py); the token
+of a volume is the credential of its content API (volume_content.py)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ def _volume(info: VolumeInfo) -> dict:
 
 
 def _with_token(request: Request, info: VolumeInfo) -> dict:
-    # The content API's credential (that API is not served; the SDK wants the field).
-    return _volume(info) | {"token": e2b_state(request).tokens.token(info.volume_id)}
+    # the credential of the content API (volume_content.py)
+    return _volume(info) | {"token": e2b_state(request).tokens.volume(info.volume_id)}
 
 
 @router.post("/volumes")
