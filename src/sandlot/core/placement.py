@@ -163,8 +163,9 @@ class Placement:
     async def fork(self, sandbox_id: str, count: int, who: Principal,
                    timeout: int | None = None) -> Forked:
         """`count` children of the sandbox, of `who`'s tenant (with the parent's timeout, or
-        `timeout`): on its host as far as it has room, the rest on other hosts. A paused
-        sandbox forks from its paused state, wherever there is room."""
+        `timeout`): on its host as far as it has room, the rest on other hosts (with volumes
+        mounted: those past its room fail). A paused sandbox forks from its paused state,
+        wherever there is room (with volumes mounted: on their host)."""
         if not self.sandboxes.is_running(sandbox_id, who):
             parent = await self.sandboxes.get(sandbox_id, who)
             if parent.state == SandboxState.PAUSED and parent.paused_snapshot:
@@ -174,9 +175,8 @@ class Placement:
         here = self._children_here(count)
         if here == count:
             return await self.sandboxes.fork(sandbox_id, count, who=who, timeout=timeout)
-        home = (await self.sandboxes.get(sandbox_id, who)).volume_host
-        if home and home != self.hosts.id:  # not where it should run: no child fits
-            here = 0
+        home = (self.sandboxes.running(sandbox_id, who).volume_host
+                if self.sandboxes.is_running(sandbox_id, who) else None)
         children: list[SandboxRecord | SandlotError] = []
         pause_ms = 0.0
         if here:
