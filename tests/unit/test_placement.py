@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from sandlot.core.hosts import HostInfo, Hosts, HostState
-from sandlot.core.models import SandboxRecord, SandboxState
+from sandlot.core.models import CreateSandbox, SandboxRecord, SandboxState
 from sandlot.core.tenancy import Principal
 from sandlot.errors import CapacityError, NotFoundError
 from sandlot.testing import in_process
@@ -391,3 +391,118 @@ async def test_traffic_to_a_kept_port_of_a_sandbox_that_cannot_come_back_is_refu
             break
     assert runtime.refused == [sid] and runtime.dropped == []
     assert (await client.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+
+
+async def _with_volume(core, client, tmp_path, **create) -> tuple[str, str]:
+    """A volume of this host, and a sandbox (created through /v1) that mounts it."""
+    from sandlot.guest.volserve import VolumeServer
+
+    core.runtime.volumes = VolumeServer(tmp_path / "vols", b"k" * 32)
+    vol = (await client.post("/e2b/volumes", json={"name": "data"})).json()["volumeID"]
+    r = await client.post("/v1/sandboxes", json={
+        **create, "volume_mounts": [{"volume": "data", "path": "/mnt/data"}]})
+    assert r.status_code == 201 and r.json()["host"] == core.host_id, r.text
+    return vol, r.json()["sandbox_id"]
+
+
+async def test_a_sandbox_with_volumes_runs_on_their_host_only(deployment, monkeypatch,
+                                                              tmp_path):
+    """A sandbox that mounts volumes, its snapshots and its children run on the volumes'
+    host (here) though placement ranks other hosts first: resumed (REST, E2B connect, on
+    use), restored, forked (no spreading: the children past its room fail, naming it), and
+    its snapshot forked; the mounts show in its info (/v1 and E2B)."""
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    _, sid = await _with_volume(core, client, tmp_path, auto_resume=True)
+    mounts = [{"name": "data", "path": "/mnt/data"}]
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["volume_mounts"] == mounts
+    assert (await client.get(f"/e2b/sandboxes/{sid}")).json()["volumeMounts"] == mounts
+    listed = (await client.get("/e2b/v2/sandboxes")).json()
+    assert [s["volumeMounts"] for s in listed if s["sandboxID"] == sid] == [mounts]
+    order[:] = [host("p1", 4), host("p2", 4), host(core.host_id, 4)]  # others first
+
+    async def paused() -> None:
+        assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+
+    await paused()
+    r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 200 and r.json()["host"] == core.host_id, r.text
+    assert r.json()["volume_mounts"] == mounts
+    await paused()
+    r = await client.post(f"/e2b/sandboxes/{sid}/connect", json={"timeout": 60})
+    assert r.status_code in (200, 201) and sid in core.sandboxes.live, r.text
+    await paused()
+    r = await client.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/tmp"})
+    assert r.status_code == 200 and sid in core.sandboxes.live, r.text  # resumed on use
+    # a snapshot restored, and forked
+    snap = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    assert (await client.post(f"/v1/snapshots/{snap}/wait")).json()["state"] == "ready"
+    r = await client.post("/v1/sandboxes", json={"snapshot_id": snap})
+    assert r.status_code == 201 and r.json()["host"] == core.host_id, r.text
+    assert r.json()["volume_mounts"] == mounts
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 2})
+    assert r.status_code == 200 and r.json()["errors"] == [], r.text
+    assert [k["host"] for k in r.json()["sandboxes"]] == [core.host_id] * 2
+    # a fork of the running sandbox: the children that fit here, the rest fail alone
+    monkeypatch.setattr(core.sandboxes, "free_slots", lambda: 1)
+    r = await client.post(f"/v1/sandboxes/{sid}/fork", json={"count": 3})
+    assert r.status_code == 200, r.text
+    (kid,) = r.json()["sandboxes"]
+    assert kid["host"] == core.host_id and kid["volume_mounts"] == mounts
+    errors = [e["error"] for e in r.json()["errors"]]
+    assert [e["type"] for e in errors] == ["CapacityError"] * 2
+    assert f"live on host {core.host_id}" in errors[0]["message"]
+    assert not [c for c in peers.calls if c[0] in ("create", "resume")]  # nothing elsewhere
+
+
+async def test_a_sandbox_whose_volumes_host_cannot_take_it_is_refused(deployment, tmp_path):
+    """The volumes' host full, draining or gone: a resume, restore or snapshot fork fails
+    with 503 naming it, and the sandbox stays paused; never elsewhere. A volume host that is
+    another: there, through the peers; the one host of a deployment without peers: as ever."""
+    from sandlot.core.tenancy import SYSTEM
+
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    _, sid = await _with_volume(core, client, tmp_path)
+    snap = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    assert (await client.post(f"/v1/snapshots/{snap}/wait")).json()["state"] == "ready"
+    assert (await client.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    order[:] = [host("p1", 4), host("p2", 4)]  # this host cannot take it
+    for r in (await client.post(f"/v1/sandboxes/{sid}/resume", json={}),
+              await client.post(f"/e2b/sandboxes/{sid}/connect", json={"timeout": 60}),
+              await client.post("/v1/sandboxes", json={"snapshot_id": snap})):
+        assert r.status_code == 503, r.text
+        assert f"live on host {core.host_id}" in r.text and "no room" in r.text
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 2})
+    assert [e["error"]["type"] for e in r.json()["errors"]] == ["CapacityError"] * 2, r.text
+    assert (await client.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+    assert not peers.calls
+    # its volumes on p1 (paused there): the resume goes to p1 only; p1 full: 503 naming it
+    rec = await core.sandboxes.get(sid, SYSTEM)
+    paused = await core.snapshots.get(rec.paused_snapshot, SYSTEM)
+    paused.volume_host = rec.volume_host = "p1"
+    await core.snapshots._save(paused)
+    await core.sandboxes._save(rec)
+    order[:] = [host(core.host_id, 4), host("p1", 4)]
+    peers.full = {"p1"}
+    r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 503 and "live on host p1" in r.text, r.text
+    assert peers.calls[-1][:3] == ("resume", "p1", sid) and sid not in core.sandboxes.live
+    order[:] = [host(core.host_id, 4)]  # p1 lost or draining: not even asked
+    r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 503 and "host p1" in r.text and len(peers.calls) == 1, r.text
+    peers.full = set()
+    order[:] = [host(core.host_id, 4), host("p1", 4)]
+    r = await client.post(f"/v1/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 200 and r.json()["host"] == "p1", r.text
+    # a snapshot of p1's volumes: restored and forked on p1
+    stored = await core.snapshots.get(snap, SYSTEM)
+    stored.volume_host = "p1"
+    await core.snapshots._save(stored)
+    r = await client.post("/v1/sandboxes", json={"snapshot_id": snap})
+    assert r.status_code == 201 and r.json()["host"] == "p1", r.text
+    r = await client.post(f"/v1/snapshots/{snap}/fork", json={"count": 2})
+    assert [k["host"] for k in r.json()["sandboxes"]] == ["p1", "p1"], r.text
+    # this host, asked for it anyway (no placement), refuses it
+    with pytest.raises(CapacityError, match="volumes of host p1"):
+        await core.sandboxes.create(CreateSandbox(snapshot_id=snap), who=Principal("test"))

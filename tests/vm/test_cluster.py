@@ -349,3 +349,42 @@ def _alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_sandbox_with_a_volume_stays_on_the_volumes_host(cluster) -> None:
+    """A volume made through host a lives there: a sandbox that mounts it, created and
+    resumed through host b, runs on a, and its mount works; with a draining, the resume
+    through b is refused naming it (never placed elsewhere) and the sandbox stays paused."""
+    import e2b
+    from e2b.exceptions import ServiceBusyException
+
+    a, b = cluster["a"], cluster["b"]
+
+    def opts(srv) -> dict:  # through `srv`, with host a's key
+        return {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
+                "api_key": a.key}
+
+    vol = e2b.Volume.create("placed", **opts(a))
+    try:
+        sbx = e2b.Sandbox.create(volume_mounts={"/mnt/v": vol}, timeout=600, **opts(b))
+        sid = sbx.sandbox_id
+        assert client(a).sandboxes.get_info(sid).host == "host-a"
+        sbx.commands.run("echo before > /mnt/v/one.txt", timeout=120)
+        assert e2b.Sandbox.get_info(sid, **opts(b)).volume_mounts == [
+            {"name": "placed", "path": "/mnt/v"}]
+        assert sbx.pause() is True
+        client(a).hosts.drain("host-a")
+        try:
+            with pytest.raises(ServiceBusyException, match="host-a.*draining"):
+                e2b.Sandbox.connect(sid, timeout=600, **opts(b))
+            assert client(b).sandboxes.get_info(sid).state == "paused"
+        finally:
+            client(a).hosts.activate("host-a")
+        resumed = e2b.Sandbox.connect(sid, timeout=600, **opts(b))
+        assert client(b).sandboxes.get_info(sid).host == "host-a"
+        assert resumed.commands.run("cat /mnt/v/one.txt; echo after > /mnt/v/two.txt",
+                                    timeout=120).stdout == "before\n"
+        assert (a.data_dir / "volumes" / vol.volume_id / "two.txt").read_text() == "after\n"
+        resumed.kill()
+    finally:
+        e2b.Volume.destroy(vol.volume_id, **opts(a))

@@ -801,6 +801,8 @@ export interface components {
              * @description an OCI image reference (`python:3.12-slim`, `registry:5000/team/app@sha256:...`): pulled and made a template on first use (by digest), a restore after that
              */
             image?: string | null;
+            /** Volume Mounts */
+            volume_mounts?: components["schemas"]["VolumeMount"][];
         };
         /** DockerfileBuild */
         DockerfileBuild: {
@@ -1038,6 +1040,16 @@ export interface components {
             /** Created */
             created: boolean;
         };
+        /**
+         * MountedVolume
+         * @description A volume a sandbox has mounted (E2B's SandboxVolumeMount): its name, and where.
+         */
+        MountedVolume: {
+            /** Name */
+            name: string;
+            /** Path */
+            path: string;
+        };
         /** NetworkBody */
         NetworkBody: {
             /** Internet */
@@ -1267,6 +1279,8 @@ export interface components {
             error?: string | null;
             /** Host */
             host?: string | null;
+            /** Volume Mounts */
+            volume_mounts?: components["schemas"]["MountedVolume"][];
         };
         /**
          * SandboxState
@@ -1496,6 +1510,18 @@ export interface components {
             input?: unknown;
             /** Context */
             ctx?: Record<string, never>;
+        };
+        /**
+         * VolumeMount
+         * @description A volume (by id or name) mounted in a new sandbox at `path`, its files `user`'s.
+         */
+        VolumeMount: {
+            /** Volume */
+            volume: string;
+            /** Path */
+            path: string;
+            /** User */
+            user?: string | null;
         };
         /** RenameBody */
         sandlot__server__routes_files__RenameBody: {

@@ -88,6 +88,13 @@ class NetworkSpec(BaseModel):
     dns_servers: list[str] | None = None
 
 
+class MountedVolume(BaseModel):
+    """A volume a sandbox has mounted (E2B's SandboxVolumeMount): its name, and where."""
+
+    name: str
+    path: str
+
+
 class SandboxRecord(BaseModel):
     sandbox_id: str
     state: SandboxState = SandboxState.STARTING
@@ -112,6 +119,8 @@ class SandboxRecord(BaseModel):
     pid: int | None = None
     error: ErrorText = None
     host: str | None = None  # the id of the host it runs on (GET /v1/hosts)
+    # the volumes it has mounted (its restores and forks have them too: the mount is memory)
+    volume_mounts: list[MountedVolume] = Field(default_factory=list)
     # Internal bookkeeping, persisted but not part of the API shape.
     image_key: str = Field("", exclude=True,
                            validation_alias=AliasChoices("image_key", "source_key"))
@@ -122,6 +131,8 @@ class SandboxRecord(BaseModel):
     owner: str | None = Field(None, exclude=True)  # its tenant (core/tenancy.py)
     # False: its port URLs need its traffic access token (E2B's allow_public_traffic)
     public_traffic: bool = Field(True, exclude=True)
+    # the host its volumes live on: it runs there only (core/placement.py)
+    volume_host: str | None = Field(None, exclude=True)
 
     @property
     def key(self) -> str:
@@ -153,6 +164,10 @@ class SnapshotRecord(BaseModel):
     workdir: str | None = Field(None, exclude=True)
     user: str | None = Field(None, exclude=True)
     build: str = Field("", exclude=True, validation_alias=AliasChoices("build", "base"))
+    # of a sandbox with volumes mounted (a snapshot with memory): what its sandboxes have
+    # mounted, and the host they run on
+    volume_mounts: list[MountedVolume] = Field(default_factory=list, exclude=True)
+    volume_host: str | None = Field(None, exclude=True)
 
     @property
     def key(self) -> str:
@@ -354,5 +369,8 @@ def to_doc(record: BaseModel) -> dict:
     for name, info in type(record).model_fields.items():
         if info.exclude:
             value = getattr(record, name)
+            if isinstance(value, list):
+                value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+                         for v in value]
             doc[name] = value.value if isinstance(value, StrEnum) else value
     return doc

@@ -3,8 +3,11 @@
 A create, restore or resume that another host should take is asked of it through `Peers`
 (the server implements it over HTTP); a fork whose children do not all fit on the parent's
 host (or all of them, when it is draining) starts the rest elsewhere from one snapshot of the
-parent. With one host (SQLite), or for a call a peer placed here already, everything is
-local. REST and E2B routes make the same calls, so both spread and place alike.
+parent. A sandbox with volumes mounted (and a snapshot of one, with memory) runs on the
+volumes' host only, where their files are: its create, restore, resume and fork children go
+there or fail with CapacityError naming that host, never elsewhere. With one host (SQLite), or
+for a call a peer placed here already, everything is local. REST and E2B routes make the same
+calls, so both spread and place alike.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from sandlot.core.models import (
     SandboxOverrides,
     SandboxRecord,
     SandboxState,
+    SnapshotRecord,
     SnapshotState,
     overrides_of,
 )
 from sandlot.core.sandboxes import MAX_FORK, Forked, SandboxManager
 from sandlot.core.snapshots import SnapshotManager
+from sandlot.core.sources import Source
 from sandlot.core.tenancy import SYSTEM, Principal
 from sandlot.errors import (
     CapacityError,
@@ -71,24 +76,43 @@ class Placement:
         this one)."""
         if not self._placing(placed):
             return await self.sandboxes.create(req, forked_from, who=who)
-        hosts = await self.hosts.place(await self._need(req, who))
-        if req.volume_mounts:
-            hosts = await self._volumes_home(hosts, req, who)
+        try:
+            source = await self.sandboxes.resolve_source(req, who)
+        except SandlotError:
+            source = None  # the create here or there says why
+        need = _need(req, source)
+        home = await self._volumes_home(req, source, who)
+        hosts = await self._at_home(need, home) if home else await self.hosts.place(need)
         return await self._start_on(hosts, req, who, forked_from)
 
-    async def _volumes_home(self, hosts: list[HostInfo], req: CreateSandbox, who: Principal
-                            ) -> list[HostInfo]:
-        """A sandbox that mounts volumes starts on their host (their files live there)."""
+    async def _volumes_home(self, req: CreateSandbox, source: Source | None, who: Principal
+                            ) -> str | None:
+        """The host a new sandbox's volumes live on: those it mounts, and those its
+        snapshot has mounted (None: it has none)."""
         homes = {(await self.sandboxes.volumes.get(m.volume, who)).host
                  for m in req.volume_mounts}
+        if source is not None and source.volume_host:
+            homes.add(source.volume_host)
         if len(homes) > 1:
             raise InvalidArgumentError("these volumes live on different hosts; a sandbox "
                                        "mounts volumes of one host")
-        picked = [h for h in hosts if h.id in homes]
-        if not picked:
-            raise CapacityError(f"the host of these volumes ({homes.pop()}) cannot take the "
-                                f"sandbox now")
-        return picked
+        return homes.pop() if homes else None
+
+    async def _at_home(self, need: Need, home: str) -> list[HostInfo]:
+        """[`home`], the host of a sandbox's volumes, if it can take `need`: the sandbox
+        runs there only. CapacityError naming it if not (full, draining, lost)."""
+        try:
+            hosts = await self.hosts.place(need)
+        except CapacityError as e:
+            raise away(home, e.message) from None
+        picked = [h for h in hosts if h.id == home]
+        if picked:
+            return picked
+        known = {h.id: h for h in await self.hosts.list()}
+        if home not in known:
+            raise away(home, "it is not a host of this deployment")
+        state = known[home].state
+        raise away(home, "no room" if state == HostState.ACTIVE else f"it is {state.value}")
 
     async def resume(self, sandbox_id: str, timeout: int | None = None, reboot: bool = False,
                      *, who: Principal, placed: bool = False) -> SandboxRecord:
@@ -96,14 +120,21 @@ class Placement:
         if self._placing(placed):
             rec = await self.sandboxes.get(sandbox_id, who)
             if rec.state == SandboxState.PAUSED and rec.paused_snapshot:
+                snap = await self._snapshot(rec.paused_snapshot, who)
                 need = Need(memory_mb=rec.memory_mb, image_key=rec.paused_snapshot,
-                            machine=await self._machine_of(rec.paused_snapshot, who))
-                for host in await self.hosts.place(need):
+                            machine=_machine(snap.machine) if snap else None)
+                # its volume mounts are in its memory: a resume that boots has none
+                home = None if reboot else snap.volume_host if snap else rec.volume_host
+                hosts = await self._at_home(need, home) if home else await self.hosts.place(
+                    need)
+                for host in hosts:
                     if host.id == self.hosts.id:
                         break
                     try:
                         rec = await self.peers.resume(host, sandbox_id, timeout, reboot, who)
                     except CapacityError as e:
+                        if home:
+                            raise away(home, e.message) from None
                         log.info("host %s could not resume %s (%s); trying the next",
                                  host.id, sandbox_id, e.message)
                         continue
@@ -132,8 +163,9 @@ class Placement:
     async def fork(self, sandbox_id: str, count: int, who: Principal,
                    timeout: int | None = None) -> Forked:
         """`count` children of the sandbox, of `who`'s tenant (with the parent's timeout, or
-        `timeout`): on its host as far as it has room, the rest on other hosts. A paused
-        sandbox forks from its paused state, wherever there is room."""
+        `timeout`): on its host as far as it has room, the rest on other hosts (with volumes
+        mounted: those past its room fail). A paused sandbox forks from its paused state,
+        wherever there is room (with volumes mounted: on their host)."""
         if not self.sandboxes.is_running(sandbox_id, who):
             parent = await self.sandboxes.get(sandbox_id, who)
             if parent.state == SandboxState.PAUSED and parent.paused_snapshot:
@@ -143,12 +175,19 @@ class Placement:
         here = self._children_here(count)
         if here == count:
             return await self.sandboxes.fork(sandbox_id, count, who=who, timeout=timeout)
+        home = (self.sandboxes.running(sandbox_id, who).volume_host
+                if self.sandboxes.is_running(sandbox_id, who) else None)
         children: list[SandboxRecord | SandlotError] = []
         pause_ms = 0.0
         if here:
             forked = await self.sandboxes.fork(sandbox_id, here, who=who, timeout=timeout)
             children, pause_ms = list(forked.children), forked.pause_ms
-        children += await self._spread(sandbox_id, count - here, who, timeout)
+        if home:  # its children have its volumes mounted: on their host only
+            why = (f"it is {self.hosts.state.value}" if self.hosts.state != HostState.ACTIVE
+                   else f"{here} of the {count} children fit there")
+            children += [away(home, why)] * (count - here)
+        else:
+            children += await self._spread(sandbox_id, count - here, who, timeout)
         return Forked(children, pause_ms)
 
     async def fork_snapshot(self, id_or_name: str, count: int, who: Principal,
@@ -170,7 +209,10 @@ class Placement:
                         image_key=source.snapshot_id, machine=source.image.machine,
                         disk_mb=req.disk_mb or 0)
             try:
-                hosts = await self.hosts.place(need)
+                if source.volume_host:
+                    hosts = await self._at_home(need, source.volume_host)
+                else:
+                    hosts = await self.hosts.place(need)
             except CapacityError as e:
                 return Forked([e] * count, 0.0)
         return Forked(await self._start_spread(hosts, count, req, who, forked_from), 0.0)
@@ -212,20 +254,10 @@ class Placement:
             return 0
         return min(count, self.sandboxes.free_slots())
 
-    async def _need(self, req: CreateSandbox, who: Principal) -> Need:
-        """What a create asks of a host: its memory, and its image (cached hosts first)."""
+    async def _snapshot(self, snapshot_id: str, who: Principal) -> SnapshotRecord | None:
+        """A snapshot's record (None: not readable here)."""
         try:
-            source = await self.sandboxes.resolve_source(req, who)
-        except SandlotError:
-            return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB, disk_mb=req.disk_mb or 0)
-        return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
-                    image_key=source.image.key, machine=source.image.machine,
-                    disk_mb=req.disk_mb or 0)
-
-    async def _machine_of(self, snapshot_id: str, who: Principal) -> MachineDescription | None:
-        """The machine a snapshot is of (None: not known, or not readable here)."""
-        try:
-            return _machine((await self.snapshots.get(snapshot_id, who)).machine)
+            return await self.snapshots.get(snapshot_id, who)
         except SandlotError:
             return None
 
@@ -257,6 +289,21 @@ class Placement:
                 await self.snapshots.delete(snap.snapshot_id, who=who)
             except SandlotError as e:
                 log.warning("fork snapshot %s not deleted: %s", snap.snapshot_id, e.message)
+
+
+def _need(req: CreateSandbox, source: Source | None) -> Need:
+    """What a create asks of a host: its memory, and its image (cached hosts first)."""
+    if source is None:
+        return Need(memory_mb=req.memory_mb or DEFAULT_MEMORY_MB, disk_mb=req.disk_mb or 0)
+    return Need(memory_mb=req.memory_mb or source.image.machine.memory_mb,
+                image_key=source.image.key, machine=source.image.machine,
+                disk_mb=req.disk_mb or 0)
+
+
+def away(home: str, why: str) -> CapacityError:
+    """A sandbox with volumes mounted that its volumes' host cannot take now."""
+    return CapacityError(f"this sandbox's volumes live on host {home}, the only host it can "
+                         f"run on, and {home} cannot take it now: {why}")
 
 
 def _machine(doc: dict | None) -> MachineDescription | None:

@@ -20,6 +20,7 @@ from sandlot.core.limits import check_disk, check_egress, check_env, check_metad
 from sandlot.core.live import KeyStreams, LiveSandbox
 from sandlot.core.models import (
     CreateSandbox,
+    MountedVolume,
     NetworkSpec,
     SandboxRecord,
     SandboxState,
@@ -230,9 +231,14 @@ class SandboxManager:
         mounts = await self.volumes.resolve(req.volume_mounts, who) if req.volume_mounts else []
         async with self._admitted(owner):
             source = await self.resolve_source(req, who)
+            self._check_volume_host(source.volume_host, f"snapshot {source.snapshot_id}")
             async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
                 rec = self._new_record(source, req)
                 rec.forked_from, rec.owner = forked_from, owner
+                if mounts:
+                    rec.volume_host = self.host_id
+                    rec.volume_mounts += [MountedVolume(name=info.name, path=m.path)
+                                          for info, m in mounts]
                 vm = await self.runtime.claim(source.image, plan_of(rec))
                 if vm is not None:  # a pooled VM, already given the record's identity
                     rec.sandbox_id = vm.id  # its run dir, disks and namespace are named so
@@ -248,6 +254,12 @@ class SandboxManager:
                     await self.teardown(live, SandboxState.FAILED)
                     raise
         return rec
+
+    def _check_volume_host(self, volume_host: str | None, what: str) -> None:
+        """A sandbox with volumes mounted runs on their host only (their files are there)."""
+        if volume_host and volume_host != self.host_id:
+            raise CapacityError(f"{what} has volumes of host {volume_host} mounted: it runs "
+                                f"on that host only, not on {self.host_id}")
 
     def check_room(self, count: int = 1) -> None:
         """Room on this host for `count` more sandboxes (SANDLOT_MAX_SANDBOXES)."""
@@ -316,6 +328,7 @@ class SandboxManager:
             on_timeout=req.on_timeout, pause_memory=req.pause_memory,
             auto_resume=req.auto_resume, image_key=image.key, build=image.build,
             workdir=source.workdir, user=source.user, public_traffic=req.public_traffic,
+            volume_mounts=list(source.volume_mounts), volume_host=source.volume_host,
         )
         self.runtime.check_plan(image, plan_of(rec))
         return rec
@@ -541,7 +554,8 @@ class SandboxManager:
         try:
             source = Source(image=captured.image, env=dict(parent.env),
                             template=parent.template, workdir=parent.workdir,
-                            user=parent.user)
+                            user=parent.user, volume_mounts=tuple(parent.volume_mounts),
+                            volume_host=parent.volume_host)
             req = CreateSandbox(**overrides_of(parent, timeout).model_dump())
 
             async def child() -> SandboxRecord:
@@ -569,6 +583,7 @@ class SandboxManager:
         """Return the sandbox to `snapshot`'s state, keeping its id, metadata and timeout."""
         live = self.get_live(sandbox_id, who)
         source = await self.snapshots.source(snapshot, who)
+        self._check_volume_host(source.volume_host, f"snapshot {source.snapshot_id}")
         async with self.snapshots.holding(source.snapshot_id):  # a delete waits for it
             return await self._rollback(live, source)
 
@@ -581,6 +596,7 @@ class SandboxManager:
             rec.snapshot_id = source.snapshot_id
             rec.image_key, rec.build = source.image.key, source.image.build
             rec.memory_mb, rec.cpus = source.image.machine.memory_mb, source.image.machine.cpus
+            rec.volume_mounts, rec.volume_host = list(source.volume_mounts), source.volume_host
             rec.env = {**source.env, **{k: v for k, v in rec.env.items()
                                         if k not in source.env}}
             rec.generation = new_generation()
@@ -666,6 +682,9 @@ class SandboxManager:
                 raise StorageError(f"sandbox {sandbox_id}'s paused state is {snap.state.value}"
                                    f": {snap.error or 'not stored'}")
             source = self.snapshots.source_of(snap)
+            boot = reboot or not snap.memory
+            if not boot:
+                self._check_volume_host(snap.volume_host, f"sandbox {sandbox_id}")
             rec.image_key, rec.build = source.image.key, source.image.build
             if timeout is not None:
                 rec.timeout = timeout
@@ -678,6 +697,9 @@ class SandboxManager:
                 rec.error = None
                 await self._save(rec)
                 raise
+            if boot and rec.volume_mounts:  # booted afresh: no mounts (they were memory)
+                rec.volume_mounts, rec.volume_host = [], None
+                await self._save(rec)
             await self._drop_pause_snapshot(rec)
             live = self.live.get(sandbox_id)
             if live is not None:  # the ports it exposed listened on through the pause

@@ -236,7 +236,8 @@ class SnapshotManager:
         image = Image(key=rec.snapshot_id, build=rec.build, machine=machine)
         return Source(image=image, env=dict(rec.env), template=rec.template,
                       snapshot_id=rec.snapshot_id, workdir=rec.workdir,
-                      user=rec.user)
+                      user=rec.user, volume_mounts=tuple(rec.volume_mounts),
+                      volume_host=rec.volume_host)
 
     # ---- taking snapshots -----------------------------------------------------------------
 
@@ -256,6 +257,8 @@ class SnapshotManager:
             kind=kind, workdir=sb.workdir, user=sb.user, build=sb.build, internal=internal,
             memory=memory, owner=owner,
         )
+        if memory:  # the mounts are in its memory (a disk alone boots without them)
+            rec.volume_mounts, rec.volume_host = list(sb.volume_mounts), sb.volume_host
         self._progress[rec.snapshot_id] = _Progress()
         await self._save(rec)
         return rec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sandlot.core.models import MountedVolume
 from sandlot.runtime.base import Image
 
 
@@ -17,3 +18,6 @@ class Source:
     user: str | None = None
     started_from: str | None = None  # a template's snapshot after its start command
     owner: str | None = None  # the tenant of a template's snapshot
+    # a snapshot's volumes, mounted in its memory, and their host (where it may start)
+    volume_mounts: tuple[MountedVolume, ...] = ()
+    volume_host: str | None = None

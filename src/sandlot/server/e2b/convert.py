@@ -166,6 +166,7 @@ def listed(rec: SandboxRecord, state: str, disk_mb: int) -> dict:
         "metadata": rec.metadata,
         "state": state,
         "envdVersion": ENVD_VERSION,
+        "volumeMounts": [{"name": m.name, "path": m.path} for m in rec.volume_mounts],
     }
 
 
