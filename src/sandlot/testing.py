@@ -138,6 +138,28 @@ def _log_since(log: Path, offset: int) -> str:
         return ""
 
 
+def _await_port(server, log_path: Path, offset: int, pattern: str, probe, auth,
+                timeout: float, what: str) -> int:
+    """The port a server started with port 0 logged (`pattern`, past `offset` of its log),
+    once `probe(port)` answers 200; the server stopped and RuntimeError with the log's tail
+    if it exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = re.search(pattern, _log_since(log_path, offset))
+        if found:
+            port = int(found.group(1))
+            try:
+                if httpx.get(probe(port), timeout=2, auth=auth).status_code == 200:
+                    return port
+            except httpx.HTTPError:
+                pass
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            server.stop()
+            raise RuntimeError(f"{what} did not come up: {tail}")
+        time.sleep(0.2)
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -699,22 +721,9 @@ class RegistryServer:
             self.proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
                                          stderr=log, start_new_session=True)
         _track(self)
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(r"listening on 127\.0\.0\.1:(\d+)", _log_since(log_path, offset))
-            if found:
-                self.port = int(found.group(1))
-                try:
-                    if httpx.get(f"http://{self.host}/v2/", timeout=2,
-                                 auth=self.login).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RuntimeError(f"the registry did not come up: {tail}")
-            time.sleep(0.2)
+        self.port = _await_port(
+            self, log_path, offset, r"listening on 127\.0\.0\.1:(\d+)",
+            lambda port: f"http://127.0.0.1:{port}/v2/", self.login, timeout, "the registry")
 
     def _auth_config(self) -> str:
         if self.login is None:
@@ -774,22 +783,9 @@ class EcrServer:
                 stdout=log, stderr=log, start_new_session=True,
                 env={**env, "MOTO_ACCOUNT_ID": self.account})
         _track(self)
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(r"Running on http://127\.0\.0\.1:(\d+)",
-                              _log_since(log_path, offset))
-            if found:
-                self.port = int(found.group(1))
-                try:
-                    if httpx.get(f"{self.url}/moto-api/", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RuntimeError(f"moto's server did not come up: {tail}")
-            time.sleep(0.2)
+        self.port = _await_port(
+            self, log_path, offset, r"Running on http://127\.0\.0\.1:(\d+)",
+            lambda port: f"http://127.0.0.1:{port}/moto-api/", None, timeout, "moto's server")
 
     def require_keys(self) -> tuple[str, str]:
         """A new IAM user's access key (id, secret) allowed `ecr:GetAuthorizationToken`;
