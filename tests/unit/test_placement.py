@@ -506,3 +506,32 @@ async def test_a_sandbox_whose_volumes_host_cannot_take_it_is_refused(deployment
     # this host, asked for it anyway (no placement), refuses it
     with pytest.raises(CapacityError, match="volumes of host p1"):
         await core.sandboxes.create(CreateSandbox(snapshot_id=snap), who=Principal("test"))
+
+
+async def test_a_volumes_host_that_reported_full_is_asked_all_the_same(deployment, tmp_path):
+    """Placement reads another host's room from its heartbeats, which lag the sandboxes it
+    has ended since: a sandbox whose volumes live on p1, active, is asked of p1 even when p1's
+    last report said full, and p1 answers for itself (room: it runs there; none: 503 naming
+    p1). A p1 that stopped reporting is not asked."""
+    from sandlot.core.tenancy import SYSTEM
+
+    core, client, peers, order = deployment
+    order[:] = [host(core.host_id, 4)]
+    _, sid = await _with_volume(core, client, tmp_path)
+    snap = (await client.post(f"/v1/sandboxes/{sid}/snapshots")).json()["snapshot_id"]
+    assert (await client.post(f"/v1/snapshots/{snap}/wait")).json()["state"] == "ready"
+    stored = await core.snapshots.get(snap, SYSTEM)
+    stored.volume_host = "p1"
+    await core.snapshots._save(stored)
+    await core.db.heartbeat("p1", "http://p1", "active", {"slots": 2, "sandboxes": 2})
+    order[:] = [host(core.host_id, 4)]  # p1 full, as its last heartbeat said
+    r = await client.post("/v1/sandboxes", json={"snapshot_id": snap})
+    assert r.status_code == 201 and r.json()["host"] == "p1", r.text
+    peers.full = {"p1"}  # full indeed
+    r = await client.post("/v1/sandboxes", json={"snapshot_id": snap})
+    assert r.status_code == 503 and "live on host p1" in r.text and "p1 is full" in r.text
+    assert [c[:2] for c in peers.calls] == [("create", "p1")] * 2
+    core.hosts.settings = dataclasses.replace(core.hosts.settings, host_timeout=0)  # silent
+    r = await client.post("/v1/sandboxes", json={"snapshot_id": snap})
+    assert r.status_code == 503 and "has not reported" in r.text, r.text
+    assert len(peers.calls) == 2

@@ -82,8 +82,15 @@ class Placement:
             source = None  # the create here or there says why
         need = _need(req, source)
         home = await self._volumes_home(req, source, who)
-        hosts = await self._at_home(need, home) if home else await self.hosts.place(need)
-        return await self._start_on(hosts, req, who, forked_from)
+        if not home:
+            return await self._start_on(await self.hosts.place(need), req, who, forked_from)
+        try:
+            return await self._start_on(await self._at_home(need, home), req, who,
+                                        forked_from)
+        except CapacityError as e:
+            if e.message.startswith(AWAY):
+                raise
+            raise away(home, e.message) from None
 
     async def _volumes_home(self, req: CreateSandbox, source: Source | None, who: Principal
                             ) -> str | None:
@@ -99,20 +106,27 @@ class Placement:
         return homes.pop() if homes else None
 
     async def _at_home(self, need: Need, home: str) -> list[HostInfo]:
-        """[`home`], the host of a sandbox's volumes, if it can take `need`: the sandbox
-        runs there only. CapacityError naming it if not (full, draining, lost)."""
+        """[`home`], the host of a sandbox's volumes, if it may take `need`: the sandbox runs
+        there only. CapacityError naming it if not (draining, lost, or, this host, full).
+        Another active host whose last heartbeat said it was full is asked all the same:
+        that report lags the sandboxes it has ended since, and it answers for itself."""
         try:
-            hosts = await self.hosts.place(need)
-        except CapacityError as e:
-            raise away(home, e.message) from None
-        picked = [h for h in hosts if h.id == home]
+            picked = [h for h in await self.hosts.place(need) if h.id == home]
+        except CapacityError:
+            picked = []
         if picked:
             return picked
         known = {h.id: h for h in await self.hosts.list()}
         if home not in known:
             raise away(home, "it is not a host of this deployment")
-        state = known[home].state
-        raise away(home, "no room" if state == HostState.ACTIVE else f"it is {state.value}")
+        info = known[home]
+        if info.state != HostState.ACTIVE:
+            raise away(home, f"it is {info.state.value}")
+        if info.heartbeat_age_s >= self.hosts.settings.host_timeout:
+            raise away(home, f"it has not reported for {info.heartbeat_age_s:.0f} s")
+        if home == self.hosts.id:  # placement counted this host's room as of now
+            raise away(home, "no room")
+        return [info]
 
     async def resume(self, sandbox_id: str, timeout: int | None = None, reboot: bool = False,
                      *, who: Principal, placed: bool = False) -> SandboxRecord:
@@ -300,10 +314,13 @@ def _need(req: CreateSandbox, source: Source | None) -> Need:
                 disk_mb=req.disk_mb or 0)
 
 
+AWAY = "this sandbox's volumes live on host"
+
+
 def away(home: str, why: str) -> CapacityError:
     """A sandbox with volumes mounted that its volumes' host cannot take now."""
-    return CapacityError(f"this sandbox's volumes live on host {home}, the only host it can "
-                         f"run on, and {home} cannot take it now: {why}")
+    return CapacityError(f"{AWAY} {home}, the only host it can run on, and {home} cannot "
+                         f"take it now: {why}")
 
 
 def _machine(doc: dict | None) -> MachineDescription | None:
