@@ -13,9 +13,10 @@ import random
 import re
 import secrets
 import subprocess
+import sys
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sandlot import testing
@@ -250,3 +251,35 @@ def delete_tenant_templates(srv: Server, key: str, names: Iterable[str],
     for name in (*names, *pulled):
         r = httpx.delete(f"{srv.url}/e2b/templates/{name}", headers=headers, timeout=60)
         assert r.status_code in (204, 404), (name, r.status_code, r.text)
+
+
+def tenant_key(srv: Server, tenant: str) -> str:
+    """A new key of `tenant` (`sandlot keys create`)."""
+    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
+                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@contextlib.contextmanager
+def e2b_tenant(srv: Server, tenant: str, built: Iterable[str], registry: str
+               ) -> Iterator[dict[str, str]]:
+    """The E2B SDK's options (`api_url`, `sandbox_url`, `api_key`) for a new key of `tenant`
+    on the started `srv`; after: what it built goes from the images index the test servers
+    share (`delete_tenant_templates`: `built`, and the images it pulled from `registry`)."""
+    key = tenant_key(srv, tenant)
+    try:
+        yield {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
+               "api_key": key}
+    finally:
+        delete_tenant_templates(srv, key, built, registry)
+
+
+def secret_nowhere(srv: Server, secret: str) -> bool:
+    """`secret` (a login, a key) is in neither the server's log, nor its database, nor its
+    data dir."""
+    assert secret not in srv.log_path.read_text(errors="replace")
+    for path in srv.data_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            assert secret.encode() not in path.read_bytes(), path
+    return True

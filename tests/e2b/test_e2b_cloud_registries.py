@@ -10,29 +10,19 @@ registry type; what the tests built is deleted after them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import secrets
-import subprocess
-import sys
 
 import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 import imagekit
-from harness import cleanup, delete_tenant_templates, make_server
+from harness import cleanup, e2b_tenant, make_server, secret_nowhere
 from sandlot import testing
 
 BUILT = ("e2b-gcp", "e2b-aws", "e2b-cloud-fails")
-
-
-def tenant_key(srv, tenant: str) -> str:
-    """A new key of `tenant` (`sandlot keys create`)."""
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 def service_account(key_id: str) -> dict:
@@ -55,8 +45,10 @@ def clouds(tmp_path_factory, oci_images):
         tmp_path_factory.mktemp("cloud-registry"), login=("AWS", moto.password),
         more_logins=(("_json_key", json.dumps(gcp_key)),))
     srv = make_server(tmp_path_factory.mktemp("clouds"), "cloud")
-    key = None
-    try:
+    with contextlib.ExitStack() as stack:  # undone last to first
+        stack.callback(moto.stop)
+        stack.callback(registry.stop)
+        stack.callback(cleanup, srv)
         moto.start()
         registry.start()
         access_key, secret = moto.require_keys()
@@ -65,20 +57,11 @@ def clouds(tmp_path_factory, oci_images):
         ref = imagekit.push(layout, registry, "team/cloud")
         srv.extra_env.update({**registry.env, "SANDLOT_ECR_ENDPOINT": moto.url})
         srv.start()
-        key = tenant_key(srv, "clouds")
+        opts = stack.enter_context(e2b_tenant(srv, "clouds", BUILT, registry.host))
         yield {"server": srv, "ref": ref, "moto": moto, "gcp_key": gcp_key,
                "aws": {"access_key_id": access_key, "secret_access_key": secret,
                        "region": "us-east-1"},
-               "opts": {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
-                        "api_key": key}}
-    finally:
-        try:  # the images index is shared: what the tests built goes, the pull's image too
-            if key:
-                delete_tenant_templates(srv, key, BUILT, registry.host)
-        finally:
-            cleanup(srv)
-            registry.stop()
-            moto.stop()
+               "opts": opts}
 
 
 def build(template: Template, name: str, opts: dict) -> list[str]:
@@ -134,12 +117,3 @@ def test_an_aws_build_gets_its_login_from_ecr(clouds):
     clouds["moto"].stop()  # ECR's API gone: the build fails saying so
     error = failed_build(Template().from_aws_registry(ref, **aws).run_cmd("true"), opts)
     assert "ECR's API (region us-east-1) could not be reached" in error
-
-
-def secret_nowhere(srv, secret: str) -> bool:
-    """`secret` is in neither the server's log, nor its database, nor its data dir."""
-    assert secret not in srv.log_path.read_text(errors="replace")
-    for path in srv.data_dir.rglob("*"):
-        if path.is_file() and path.stat().st_size < 64 << 20:
-            assert secret.encode() not in path.read_bytes(), path
-    return True

@@ -7,11 +7,11 @@ built (and the template of the image they pulled) is deleted after them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,19 +19,11 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 import imagekit
-from harness import cleanup, delete_tenant_templates, make_server
+from harness import cleanup, e2b_tenant, make_server, secret_nowhere, tenant_key
 from sandlot import testing
 
 USER = "builder"
 BUILT = ("e2b-private", "e2b-private-2", "e2b-pinned", "e2b-private-js")
-
-
-def tenant_key(srv, tenant: str) -> str:
-    """A new key of `tenant` (`sandlot keys create`)."""
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +33,11 @@ def private(tmp_path_factory, oci_images):
     password = "pw-" + secrets.token_hex(8)
     registry = testing.RegistryServer(tmp_path_factory.mktemp("private-registry"),
                                       login=(USER, password))
-    registry.start()
     srv = make_server(tmp_path_factory.mktemp("private"), "priv")
-    key = None
-    try:
+    with contextlib.ExitStack() as stack:  # undone last to first
+        stack.callback(registry.stop)
+        stack.callback(cleanup, srv)
+        registry.start()
         layout = imagekit.variant(imagekit.debian_layout(), tmp_path_factory.mktemp("img"),
                                   f"PRIVATE_IMAGE={secrets.token_hex(4)}")
         ref = imagekit.push(layout, registry, "team/private")
@@ -55,18 +48,9 @@ def private(tmp_path_factory, oci_images):
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         srv.extra_env.update(registry.env)
         srv.start()
-        key = tenant_key(srv, "private")
+        opts = stack.enter_context(e2b_tenant(srv, "private", BUILT, registry.host))
         yield {"server": srv, "ref": ref, "password": password,
-               "pinned": f"{registry.host}/team/private@{digest}",
-               "opts": {"api_url": f"{srv.url}/e2b", "sandbox_url": f"{srv.url}/e2b/envd",
-                        "api_key": key}}
-    finally:
-        try:  # the images index is shared: what the tests built goes, the pull's image too
-            if key:
-                delete_tenant_templates(srv, key, BUILT, registry.host)
-        finally:
-            cleanup(srv)
-            registry.stop()
+               "pinned": f"{registry.host}/team/private@{digest}", "opts": opts}
 
 
 def failed_build(template: Template, name: str, opts: dict) -> tuple[str, list[str]]:
@@ -106,7 +90,7 @@ def test_a_build_pulls_with_its_own_login(private):
         error, _ = failed_build(Template().from_image(private["pinned"]).run_cmd("true"),
                                 "e2b-pinned", who)
         assert "cannot pull" in error or "credentials" in error, error
-    assert password_nowhere(private["server"], password)
+    assert secret_nowhere(private["server"], password)
 
 
 E2B_JS = Path(__file__).resolve().parents[1] / "ts" / "e2b-js"
@@ -143,15 +127,6 @@ def test_the_js_sdk_sends_the_login_too(private):
 
     assert "credentials needed or wrong" in build("wrong")
     assert "BUILT" in build(private["password"])
-    assert password_nowhere(srv, private["password"])
+    assert secret_nowhere(srv, private["password"])
     with Sandbox.create("e2b-private-js", timeout=120, **opts) as sbx:
         assert sbx.commands.run("echo $PRIVATE_IMAGE").stdout.strip()
-
-
-def password_nowhere(srv, password: str) -> bool:
-    """The login is in neither the server's log, nor its database, nor its data dir."""
-    assert password not in srv.log_path.read_text(errors="replace")
-    for path in srv.data_dir.rglob("*"):
-        if path.is_file() and path.stat().st_size < 64 << 20:
-            assert password.encode() not in path.read_bytes(), path
-    return True

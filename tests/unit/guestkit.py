@@ -1,17 +1,23 @@
 """The real guest agent (the Go binary the templates install) run on this host over a socket
 pair, imported by the unit tests by name (`from guestkit import AgentProcess`). Its commands
-run here as this user; only ops that are safe on a host are sent (no clock or RNG changes)."""
+run here as this user; only ops that are safe on a host are sent (no clock or RNG changes).
+`agent_link` gives the real host client of such a process."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import queue
 import socket
 import subprocess
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sandlot.guest import wire
+from sandlot.guest.client import AgentClient, LinkState
+from sandlot.guest.volserve import VolumeServer
 from sandlot.images.guest import build_guest
 from sandlot.testing import IMAGES_DIR
 
@@ -66,3 +72,23 @@ class AgentProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def agent_link(*args: str, volumes: VolumeServer | None = None
+                     ) -> AsyncIterator[AgentClient]:
+    """A ready host client (serving `volumes`) of a new agent process run with `args`; both
+    closed after."""
+    agent = AgentProcess(*args)
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
+        client = AgentClient(reader, writer, volumes)
+        client._task = asyncio.create_task(client._read_loop())
+        try:
+            await client._handshake(5.0, None)
+            client.state = LinkState.READY
+            yield client
+        finally:
+            await client.close()
+    finally:
+        agent.close()

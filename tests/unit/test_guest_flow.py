@@ -7,14 +7,15 @@ alone once its bounded inbox is full. Listings are bounded by the agent (`list_l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from guestkit import AgentProcess
+from guestkit import agent_link
 
 from sandlot.errors import GuestError, InvalidArgumentError
 from sandlot.guest import client as client_mod
-from sandlot.guest.client import AgentClient, LinkState, Output, Started
+from sandlot.guest.client import AgentClient, Output, Started
 
 BIG = 40_000_000  # bytes of output: far more than the host keeps for one stream
 
@@ -22,22 +23,11 @@ BIG = 40_000_000  # bytes of output: far more than the host keeps for one stream
 @pytest.fixture
 async def linked() -> AsyncIterator:
     """`await linked(*agent_args)`: a ready client of a new agent process."""
-    made: list[tuple[AgentProcess, AgentClient]] = []
+    async with contextlib.AsyncExitStack() as made:
+        async def link(*args: str) -> AgentClient:
+            return await made.enter_async_context(agent_link(*args))
 
-    async def link(*args: str) -> AgentClient:
-        agent = AgentProcess(*args)
-        reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
-        client = AgentClient(reader, writer)
-        client._task = asyncio.create_task(client._read_loop())
-        made.append((agent, client))
-        await client._handshake(5.0, None)
-        client.state = LinkState.READY
-        return client
-
-    yield link
-    for agent, client in made:
-        await client.close()
-        agent.close()
+        yield link
 
 
 async def others_answer_promptly(client: AgentClient) -> None:

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from guestkit import AgentProcess
+from guestkit import agent_link
 
-from sandlot.guest.client import AgentClient, LinkState
+from sandlot.guest.client import AgentClient
 from sandlot.guest.volserve import VolumeServer
 
 KEY = b"k" * 32
@@ -158,23 +158,14 @@ async def linked(tmp_path: Path, server: VolumeServer
     """The agent run here, with the volume vol-a mounted under tmp_path, and its client."""
     if not _fuse_usable():
         pytest.skip("needs root and /dev/fuse")
-    agent = AgentProcess()
-    reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
-    client = AgentClient(reader, writer)
-    client._task = asyncio.create_task(client._read_loop())
-    await client._handshake(5.0, None)
-    client.state = LinkState.READY
-    old, AgentClient.volumes = AgentClient.volumes, server
     mnt = tmp_path / "mnt"
-    try:
-        assert client.has_cap("volumes")
-        await client.mount(str(mnt), server.token("vol-a"))
-        yield mnt, client
-    finally:
-        await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mnt)], check=False)
-        AgentClient.volumes = old
-        await client.close()
-        agent.close()
+    async with agent_link(volumes=server) as client:
+        try:
+            assert client.has_cap("volumes")
+            await client.mount(str(mnt), server.token("vol-a"))
+            yield mnt, client
+        finally:
+            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture
@@ -218,19 +209,10 @@ async def test_mount_refuses_bad_paths(tmp_path: Path, server: VolumeServer) -> 
         pytest.skip("needs root and /dev/fuse")
     from sandlot.errors import InvalidArgumentError
 
-    agent = AgentProcess()
-    reader, writer = await asyncio.open_unix_connection(sock=agent.host, limit=8 << 20)
-    client = AgentClient(reader, writer)
-    client._task = asyncio.create_task(client._read_loop())
-    try:
-        await client._handshake(5.0, None)
-        client.state = LinkState.READY
+    async with agent_link() as client:
         for bad in ("/", "relative", "/a/../b", ""):
             with pytest.raises(InvalidArgumentError):
                 await client.mount(bad, server.token("vol-a"))
-    finally:
-        await client.close()
-        agent.close()
 
 
 async def test_uploads_into_a_volume_do_not_wait_on_the_main_loop(linked,
@@ -305,9 +287,9 @@ async def test_unanswered_requests_are_sent_again_to_a_new_session(linked, serve
     the next hello, and the guest's caller gets its answer."""
     mounted, client = linked
     (server.root / "vol-a" / "f").write_text("kept")
-    AgentClient.volumes = _LosesFirst(server.root, KEY)
+    client.volumes = losing = _LosesFirst(server.root, KEY)
     reading = asyncio.ensure_future(asyncio.to_thread((mounted / "f").read_text))
-    while not AgentClient.volumes.lost:
+    while not losing.lost:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
     assert not reading.done()

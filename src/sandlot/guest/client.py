@@ -266,15 +266,18 @@ def _unread(fd: int) -> int:
 
 
 class AgentClient:
-    """A session with the guest agent. Create with `await AgentClient.connect(path)`."""
+    """A session with the guest agent. Create with `await AgentClient.connect(path)`.
 
-    # Serves the guest's volume mounts (`vreq` frames); the runtime sets it, once per process.
-    volumes: VolumeServer | None = None
+    `volumes` serves the guest's volume mounts (its `vreq` frames); None (a VM without
+    volumes, e.g. an image build's) answers them EIO."""
+
     MAX_VOLUME_CALLS = 64  # a guest's requests in flight; more are answered EBUSY
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 volumes: VolumeServer | None = None) -> None:
         self._reader = reader
         self._writer = writer
+        self.volumes = volumes
         self._next_id = secrets.randbelow(1 << 30) + 1
         self._waiters: dict[int, asyncio.Future] = {}
         self._streams: dict[int, _Inbox] = {}
@@ -294,12 +297,14 @@ class AgentClient:
     @classmethod
     async def connect(cls, path: str, timeout: float = 30.0,
                       configure: Configure | None = None,
-                      running: asyncio.Event | None = None) -> AgentClient:
+                      running: asyncio.Event | None = None,
+                      volumes: VolumeServer | None = None) -> AgentClient:
         """Connect to the agent socket and complete the hello handshake within `timeout`.
 
         `configure` is sent right behind the hello, saving a round trip on the restore path;
         its answer is in `self.configured`. `running`: set once the VM runs (a restore
         connects before `cont`); unanswered hellos are re-sent only from then on.
+        `volumes`: the server of the guest's volume mounts (None: it has none).
 
         A session that gets no answer is dropped and the socket connected again: the guest
         learns that a host is there from a virtio-serial control message, which QEMU drops
@@ -317,7 +322,7 @@ class AgentClient:
                 last = e
                 await asyncio.sleep(0.005)
                 continue
-            client = cls(reader, writer)
+            client = cls(reader, writer, volumes)
             client._task = asyncio.create_task(client._read_loop())
             try:
                 remaining = max(0.1, min(attempt_timeout, deadline - loop.time()))
@@ -510,7 +515,7 @@ class AgentClient:
         vreq = header["vreq"]
         if not isinstance(vreq, int) or isinstance(vreq, bool):
             return
-        server = AgentClient.volumes
+        server = self.volumes
 
         async def answer() -> None:
             if server is None or len(self._calls) > self.MAX_VOLUME_CALLS:

@@ -212,7 +212,7 @@ class BringUp(Part):
                     running = asyncio.Event()
                     connecting = asyncio.create_task(AgentClient.connect(
                         str(spec.agent_socket), timeout=15, configure=configure,
-                        running=running))
+                        running=running, volumes=self.volumes))
                     await machine.wait_chardev_connected("agent")
                     if finishing is not None:
                         await finishing
@@ -298,7 +298,8 @@ class BringUp(Part):
                 spec = _on_network(spec, net, jail)
                 machine = await Machine.launch(spec)
             try:
-                agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
+                agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT,
+                                                  volumes=self.volumes)
                 await agent.configure(Configure(env=plan.env, generation=plan.generation,
                                                 cpus=plan.cpus))
             except GuestError as e:
@@ -417,7 +418,7 @@ class BringUp(Part):
             disks.remove()
             await asyncio.to_thread(self.jails.release, jail)
             raise
-        try:
+        try:  # a template build's VM: no volumes
             agent = await AgentClient.connect(str(spec.agent_socket), timeout=BOOT_TIMEOUT)
             await agent.configure(Configure(env=plan.env, generation=plan.generation,
                                             cpus=plan.cpus))

@@ -1,6 +1,6 @@
 """What the parts of the QEMU runtime share: this host's settings, CPU, jails, reserve, hot
-cache, image store and network, and the background tasks they start (`QemuHost`). Each part
-(bring-up, capture, store front, recovery) is a `Part` of one host."""
+cache, image store, network and volume server, and the background tasks they start
+(`QemuHost`). Each part (bring-up, capture, store front, recovery) is a `Part` of one host."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sandlot.config import Settings
 from sandlot.errors import BuildError
+from sandlot.guest.volserve import VolumeServer, host_key
 from sandlot.images.guest import build_jail_helper
 from sandlot.runtime.cache import HotCache
 from sandlot.runtime.capacity import HostReserve
@@ -83,6 +84,12 @@ class QemuHost:
         self.lazy = LazyImages(self.store.store.url, VM_GID if self.jails.enabled else None,
                                settings.lazy_prefetch) \
             if settings.lazy_restore and lazy_available() else None
+        # volumes' directories; their guests' mounts are served by it (each agent session
+        # is given it when it connects)
+        self.volumes = VolumeServer(settings.data_dir / "volumes",
+                                    host_key(settings.data_dir / "volume-key"),
+                                    max_bytes=settings.limits.volume_mb << 20,
+                                    reserve_bytes=settings.reserve_disk_mb << 20)
         self.tasks: set[asyncio.Task] = set()
 
     def vm_paths(self) -> None:
@@ -123,6 +130,7 @@ class Part:
         self.reserve = host.reserve
         self.cache = host.cache
         self.store = host.store
+        self.volumes = host.volumes
 
     def _vm_paths(self) -> None:
         self.host.vm_paths()

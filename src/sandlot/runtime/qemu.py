@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable
 
 from sandlot.config import Settings
 from sandlot.errors import InvalidArgumentError, InvalidStateError
-from sandlot.guest.client import AgentClient
-from sandlot.guest.volserve import VolumeServer, host_key
 from sandlot.runtime.base import (
     Captured,
     Image,
@@ -56,6 +54,7 @@ class QemuRuntime(Runtime):
         self.settings, self.accel, self.network = settings, host.accel, network
         self.cache, self.store, self.reserve, self.jails = (host.cache, host.store,
                                                             host.reserve, host.jails)
+        self.volumes = host.volumes
 
         def check(image: Image, plan: MachinePlan, boot: bool) -> None:
             self.check_loadable(image.machine)
@@ -71,11 +70,6 @@ class QemuRuntime(Runtime):
         self._new_id: Callable[[], str] | None = None  # core's, given with the images to pool
         self.pool = WarmPool(make=self._make_pooled, discard=self.kill,
                              size=settings.pool_size) if settings.pool_size else None
-        self.volumes = VolumeServer(settings.data_dir / "volumes",
-                                    host_key(settings.data_dir / "volume-key"),
-                                    max_bytes=settings.limits.volume_mb << 20,
-                                    reserve_bytes=settings.reserve_disk_mb << 20)
-        AgentClient.volumes = self.volumes  # the guests' requests reach it (one per process)
 
     # ---- checks ---------------------------------------------------------------------------
 

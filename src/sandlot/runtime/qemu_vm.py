@@ -65,7 +65,7 @@ class QemuVm(Vm):
             raise NotFoundError(f"sandbox {self.id} is not running (its VM exited)")
         try:
             self.agent = await AgentClient.connect(str(self.machine.spec.agent_socket),
-                                                   timeout=10)
+                                                   timeout=10, volumes=self.agent.volumes)
         except GuestError as e:
             raise GuestError(f"sandbox {self.id}: agent unreachable: {e}") from e
         return self.agent

@@ -76,7 +76,8 @@ class Recovery(Part):
             return None
         try:
             machine = await Machine.adopt(spec, pid)
-            agent = await AgentClient.connect(str(spec.agent_socket), timeout=10)
+            agent = await AgentClient.connect(str(spec.agent_socket), timeout=10,
+                                              volumes=self.volumes)
             await agent.sync_clock()
             d = state["disks"]
             disks = await DiskChain.adopt(Path(d["dir"]), Path(d["source"]), int(d["size"]),
