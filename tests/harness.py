@@ -254,9 +254,11 @@ def delete_tenant_templates(srv: Server, key: str, names: Iterable[str],
 
 
 def tenant_key(srv: Server, tenant: str) -> str:
-    """A new key of `tenant` (`sandlot keys create`)."""
+    """A new key of `tenant` (`sandlot keys create`), in the deployment's database if `srv`
+    is a host of one."""
+    db = {k: v for k, v in srv.extra_env.items() if k == "SANDLOT_DATABASE_URL"}
     out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
+                          tenant, "--data-dir", str(srv.data_dir)], env={**os.environ, **db},
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

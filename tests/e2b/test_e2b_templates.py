@@ -6,9 +6,6 @@ in the session's loopback registry."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,15 +15,10 @@ from e2b import CommandExitException, Sandbox, Template, wait_for_file
 from e2b.exceptions import BuildException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
+from harness import tenant_key
+
 TIMEOUT = 900
 
-
-def tenant_key(srv, tenant: str) -> str:
-    """A new key of `tenant` (`sandlot keys create`)."""
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 BUILT = ("e2b-layered", "e2b-on-base", "e2b-dockerfile", "e2b-steps", "e2b-started",

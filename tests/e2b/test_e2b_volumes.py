@@ -6,10 +6,7 @@ key neither sees nor mounts them. Bad input is a clear 4xx."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 
 import pytest
 from e2b import (
@@ -21,15 +18,10 @@ from e2b import (
 )
 from e2b.exceptions import VolumeException
 
+from harness import tenant_key
+
 MNT = "/mnt/data"
 
-
-def tenant_key(srv, tenant: str) -> str:
-    """A new key of `tenant` (`sandlot keys create`)."""
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=dict(os.environ),
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 def opts(server, key: str) -> dict:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,7 +16,7 @@ import pytest
 from snapkit import ask, start_holder, wait_for
 from websockets.sync.client import connect
 
-from harness import cleanup, start_cluster
+from harness import cleanup, start_cluster, tenant_key
 from sandlot import Sandbox, Sandlot
 from sandlot.errors import CapacityError
 
@@ -179,14 +177,6 @@ def test_a_full_hosts_fork_children_start_elsewhere(cluster) -> None:
     for box in (*kids, parent, neighbour):
         box.kill()
 
-
-def tenant_key(srv, tenant: str) -> str:
-    """A new key of `tenant` in the deployment's database (`sandlot keys create`)."""
-    env = {**os.environ, "SANDLOT_DATABASE_URL": srv.extra_env["SANDLOT_DATABASE_URL"]}
-    out = subprocess.run([sys.executable, "-m", "sandlot.cli", "keys", "create", "--tenant",
-                          tenant, "--data-dir", str(srv.data_dir)], env=env,
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 def test_tenants_keep_to_their_own_on_every_host(cluster) -> None:
