@@ -295,3 +295,30 @@ async def test_unanswered_requests_are_sent_again_to_a_new_session(linked, serve
     assert not reading.done()
     await client._handshake(5.0, None)  # a new session, as after a restore
     assert await asyncio.wait_for(reading, 30) == "kept"
+
+
+async def test_big_files_move_a_mebibyte_per_request(mounted: Path, server: VolumeServer,
+                                                     monkeypatch) -> None:
+    """Each read or write is a round trip to the host: the mount asks the kernel for 1 MiB
+    requests (FUSE_MAX_PAGES), not its default 128 KiB."""
+    sizes: list[tuple[str, int]] = []
+    handle = server.handle
+
+    async def recording(header: dict, payload: bytes) -> tuple[dict, bytes]:
+        ans, data = await handle(header, payload)
+        if header.get("fop") in ("read", "write"):
+            sizes.append((header["fop"], len(payload) or len(data)))
+        return ans, data
+
+    monkeypatch.setattr(server, "handle", recording)
+    big = os.urandom(4 << 20)
+
+    def work() -> None:
+        with open(mounted / "big", "wb") as f:
+            f.write(big)
+        with open(mounted / "big", "rb") as f:
+            assert f.read() == big
+
+    await asyncio.to_thread(work)
+    assert max(n for fop, n in sizes if fop == "write") == 1 << 20, sizes
+    assert max(n for fop, n in sizes if fop == "read") == 1 << 20, sizes

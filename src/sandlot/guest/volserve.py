@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-MAX_IO = 128 << 10  # the agent's FUSE max_write
+MAX_IO = 1 << 20  # the agent's FUSE max_write (an older agent's: 128 KiB)
 MAX_LIST = 4096  # entries per `list` answer (the kernel asks again from where it stopped)
 MAX_PATH = 4096
 _VOLUME_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
