@@ -146,7 +146,9 @@ async def test_provider_async(provider):
     backend = await provider.aget_or_create()
     try:
         assert (await provider.aget(sandbox_id=backend.id)).id == backend.id
-        result = await backend.aexecute("echo out; echo err >&2; exit 3")
+        # stdout and stderr are two pipes: the output is in the order the agent read them,
+        # which for two writes a moment apart may be either (CI, under load, got "err" first)
+        result = await backend.aexecute("echo out; sleep 1; echo err >&2; exit 3")
         assert result.exit_code == 3
         assert result.output == "out\nerr\n"
         assert backend.id in [i["sandbox_id"] for i in (await provider.alist())["items"]]
