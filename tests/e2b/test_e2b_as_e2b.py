@@ -238,13 +238,14 @@ def _wheel() -> bytes:
 def test_default_template_has_what_an_agent_expects(sbx):
     r = sbx.commands.run("python --version && pip --version && git --version && node --version"
                          " && npm --version && gcc --version && make --version && jq --version"
-                         " && unzip -v && wget --version && zip -v")
+                         " && unzip -v && wget --version && zip -v", timeout=300)
     assert r.stdout.startswith("Python 3"), r.stdout
     sbx.files.write("/tmp/e2bprobe-1.0-py3-none-any.whl", _wheel())
     sbx.commands.run("pip install --user /tmp/e2bprobe-1.0-py3-none-any.whl", timeout=300)
     assert sbx.commands.run("python -c 'import e2bprobe; print(e2bprobe.VALUE)'").stdout == "42\n"
     sbx.commands.run("sudo pip install /tmp/e2bprobe-1.0-py3-none-any.whl", timeout=300)
-    sbx.commands.run("echo 'int main(){return 7;}' > /tmp/m.c && gcc -o /tmp/m /tmp/m.c")
+    sbx.commands.run("echo 'int main(){return 7;}' > /tmp/m.c && gcc -o /tmp/m /tmp/m.c",
+                     timeout=300)
     assert sbx.commands.run("/tmp/m; echo $?").stdout == "7\n"
 
 
